@@ -1,0 +1,298 @@
+// Elementwise ops: their shape and dtype rules and their public functions.
+#include "core/ops/elementwise.h"
+
+#include "core/registry.h"
+
+namespace kiln {
+namespace {
+
+TensorMeta out_meta(std::span<const TensorMeta> in, const char* op, DType dtype) {
+  std::vector<Shape> shapes;
+  for (const TensorMeta& m : in)
+    if (m.defined) shapes.push_back(m.shape);
+  return TensorMeta{broadcast_shapes(shapes, op), dtype, common_device(in, op)};
+}
+
+void check_inputs(std::span<const TensorMeta> in, size_t n, const char* op) {
+  KILN_CHECK(in.size() == n, "{}: expects {} tensors, got {}", op, n, in.size());
+  for (const TensorMeta& m : in) KILN_CHECK(m.defined, "{}: an input is undefined", op);
+}
+
+// The rules, parameterised by how the output dtype follows the inputs' result type.
+enum class Rule { same, floating, boolean, no_bool };
+
+template <Rule rule, size_t arity>
+std::vector<TensorMeta> infer(const char* op, std::span<const TensorMeta> in) {
+  check_inputs(in, arity, op);
+  DType t = result_type(in);
+  if constexpr (rule == Rule::floating) t = is_floating(t) ? t : kDefaultFloat;
+  if constexpr (rule == Rule::boolean) t = DType::boolean;
+  if constexpr (rule == Rule::no_bool)
+    KILN_CHECK(t != DType::boolean, "{}: bool tensors are not supported ({})", op, metas_str(in));
+  return {out_meta(in, op, t)};
+}
+
+#define KILN_ELEMENTWISE_OP(var, op_name, rule, arity)                                        \
+  std::vector<TensorMeta> infer_##var(std::span<const TensorMeta> in, const Attrs&) {         \
+    return infer<rule, arity>(op_name, in);                                                   \
+  }                                                                                           \
+  const OpDef& var = define_op({.name = op_name, .infer = infer_##var});
+
+// unary
+KILN_ELEMENTWISE_OP(kNeg, "neg", Rule::no_bool, 1)
+KILN_ELEMENTWISE_OP(kAbs, "abs", Rule::same, 1)
+KILN_ELEMENTWISE_OP(kSign, "sign", Rule::same, 1)
+KILN_ELEMENTWISE_OP(kExp, "exp", Rule::floating, 1)
+KILN_ELEMENTWISE_OP(kLog, "log", Rule::floating, 1)
+KILN_ELEMENTWISE_OP(kLog1p, "log1p", Rule::floating, 1)
+KILN_ELEMENTWISE_OP(kExpm1, "expm1", Rule::floating, 1)
+KILN_ELEMENTWISE_OP(kSqrt, "sqrt", Rule::floating, 1)
+KILN_ELEMENTWISE_OP(kRsqrt, "rsqrt", Rule::floating, 1)
+KILN_ELEMENTWISE_OP(kReciprocal, "reciprocal", Rule::floating, 1)
+KILN_ELEMENTWISE_OP(kSin, "sin", Rule::floating, 1)
+KILN_ELEMENTWISE_OP(kCos, "cos", Rule::floating, 1)
+KILN_ELEMENTWISE_OP(kTanh, "tanh", Rule::floating, 1)
+KILN_ELEMENTWISE_OP(kSigmoid, "sigmoid", Rule::floating, 1)
+KILN_ELEMENTWISE_OP(kRelu, "relu", Rule::no_bool, 1)
+KILN_ELEMENTWISE_OP(kGelu, "gelu", Rule::floating, 1)
+KILN_ELEMENTWISE_OP(kSilu, "silu", Rule::floating, 1)
+KILN_ELEMENTWISE_OP(kSoftplus, "softplus", Rule::floating, 1)
+KILN_ELEMENTWISE_OP(kLogicalNot, "logical_not", Rule::boolean, 1)
+// binary
+KILN_ELEMENTWISE_OP(kAdd, "add", Rule::same, 2)
+KILN_ELEMENTWISE_OP(kSub, "sub", Rule::no_bool, 2)
+KILN_ELEMENTWISE_OP(kMul, "mul", Rule::same, 2)
+KILN_ELEMENTWISE_OP(kDiv, "div", Rule::floating, 2)
+KILN_ELEMENTWISE_OP(kPow, "pow", Rule::same, 2)
+KILN_ELEMENTWISE_OP(kMaximum, "maximum", Rule::same, 2)
+KILN_ELEMENTWISE_OP(kMinimum, "minimum", Rule::same, 2)
+KILN_ELEMENTWISE_OP(kEq, "eq", Rule::boolean, 2)
+KILN_ELEMENTWISE_OP(kNe, "ne", Rule::boolean, 2)
+KILN_ELEMENTWISE_OP(kLt, "lt", Rule::boolean, 2)
+KILN_ELEMENTWISE_OP(kLe, "le", Rule::boolean, 2)
+KILN_ELEMENTWISE_OP(kGt, "gt", Rule::boolean, 2)
+KILN_ELEMENTWISE_OP(kGe, "ge", Rule::boolean, 2)
+KILN_ELEMENTWISE_OP(kLogicalAnd, "logical_and", Rule::boolean, 2)
+KILN_ELEMENTWISE_OP(kLogicalOr, "logical_or", Rule::boolean, 2)
+#undef KILN_ELEMENTWISE_OP
+
+// clamp: the bounds are attributes; they take part in type promotion as numbers do.
+std::vector<TensorMeta> infer_clamp(std::span<const TensorMeta> in, const Attrs& a) {
+  check_inputs(in, 1, "clamp");
+  KILN_CHECK(a.has("min") || a.has("max"), "clamp: at least one of min and max must be given ({})",
+             metas_str(in));
+  std::vector<TensorMeta> all(in.begin(), in.end());
+  for (const char* bound : {"min", "max"})
+    if (auto s = a.optional_scalar(bound))
+      all.push_back(TensorMeta{{}, s->kind(), Device::cpu(), true});
+  const DType t = result_type(all);
+  KILN_CHECK(t != DType::boolean, "clamp: bool tensors are not supported ({})", metas_str(in));
+  return {TensorMeta{in[0].shape, t, in[0].device}};
+}
+const OpDef& kClamp = define_op({.name = "clamp", .infer = infer_clamp});
+
+// where(cond, a, b): cond must be bool; a and b promote.
+std::vector<TensorMeta> infer_where(std::span<const TensorMeta> in, const Attrs&) {
+  check_inputs(in, 3, "where");
+  KILN_CHECK(in[0].dtype == DType::boolean, "where: the condition must be bool, got {}",
+             metas_str(in));
+  TensorMeta m = out_meta(in, "where", result_type(in.subspan(1)));
+  return {m};
+}
+const OpDef& kWhere = define_op({.name = "where", .infer = infer_where});
+
+// cast: a copy converted to the `dtype` attribute; clone: a contiguous copy.
+std::vector<TensorMeta> infer_cast(std::span<const TensorMeta> in, const Attrs& a) {
+  check_inputs(in, 1, "cast");
+  return {TensorMeta{in[0].shape, a.dtype("dtype"), in[0].device}};
+}
+const OpDef& kCast = define_op({.name = "cast", .infer = infer_cast});
+std::vector<TensorMeta> infer_clone(std::span<const TensorMeta> in, const Attrs&) {
+  check_inputs(in, 1, "clone");
+  return {TensorMeta{in[0].shape, in[0].dtype, in[0].device}};
+}
+const OpDef& kClone = define_op({.name = "clone", .infer = infer_clone});
+// fill: a tensor shaped like the input, every element `value` (used in place by fill_).
+std::vector<TensorMeta> infer_fill(std::span<const TensorMeta> in, const Attrs&) {
+  check_inputs(in, 1, "fill");
+  return {TensorMeta{in[0].shape, in[0].dtype, in[0].device}};
+}
+const OpDef& kFill = define_op({.name = "fill", .infer = infer_fill});
+// to_device: a copy on another device.
+std::vector<TensorMeta> infer_to_device(std::span<const TensorMeta> in, const Attrs& a) {
+  check_inputs(in, 1, "to_device");
+  return {TensorMeta{in[0].shape, in[0].dtype, a.device("device")}};
+}
+const OpDef& kToDevice = define_op({.name = "to_device", .infer = infer_to_device});
+
+Tensor unary(const OpDef& op, const Tensor& x, const Attrs& attrs = {}) {
+  return call_op1(op, {x}, attrs);
+}
+Tensor binary(const OpDef& op, const Tensor& a, const Tensor& b, const Attrs& attrs = {}) {
+  return call_op1(op, {a, b}, attrs);
+}
+Tensor& inplace(const OpDef& op, Tensor& x, std::vector<Tensor> inputs, const Attrs& attrs = {}) {
+  call_op_out(op, std::move(inputs), attrs, x);
+  return x;
+}
+Attrs alpha_attrs(Scalar alpha) {
+  if (alpha.kind() != DType::f64 && alpha.to_int() == 1) return {};
+  return {{"alpha", alpha}};
+}
+
+}  // namespace
+
+Tensor neg(const Tensor& x) { return unary(kNeg, x); }
+Tensor abs(const Tensor& x) { return unary(kAbs, x); }
+Tensor sign(const Tensor& x) { return unary(kSign, x); }
+Tensor exp(const Tensor& x) { return unary(kExp, x); }
+Tensor log(const Tensor& x) { return unary(kLog, x); }
+Tensor log1p(const Tensor& x) { return unary(kLog1p, x); }
+Tensor expm1(const Tensor& x) { return unary(kExpm1, x); }
+Tensor sqrt(const Tensor& x) { return unary(kSqrt, x); }
+Tensor rsqrt(const Tensor& x) { return unary(kRsqrt, x); }
+Tensor reciprocal(const Tensor& x) { return unary(kReciprocal, x); }
+Tensor sin(const Tensor& x) { return unary(kSin, x); }
+Tensor cos(const Tensor& x) { return unary(kCos, x); }
+Tensor tanh(const Tensor& x) { return unary(kTanh, x); }
+Tensor sigmoid(const Tensor& x) { return unary(kSigmoid, x); }
+Tensor relu(const Tensor& x) { return unary(kRelu, x); }
+Tensor gelu(const Tensor& x, const std::string& approximate) {
+  KILN_CHECK(approximate == "none" || approximate == "tanh",
+             "gelu: approximate must be \"none\" or \"tanh\", got \"{}\"", approximate);
+  return unary(kGelu, x, {{"approximate", approximate}});
+}
+Tensor silu(const Tensor& x) { return unary(kSilu, x); }
+Tensor softplus(const Tensor& x, double beta, double threshold) {
+  return unary(kSoftplus, x, {{"beta", beta}, {"threshold", threshold}});
+}
+Tensor logical_not(const Tensor& x) { return unary(kLogicalNot, x); }
+
+static Attrs clamp_attrs(std::optional<Scalar> min, std::optional<Scalar> max) {
+  Attrs a;
+  if (min) a.set("min", *min);
+  if (max) a.set("max", *max);
+  return a;
+}
+Tensor clamp(const Tensor& x, std::optional<Scalar> min, std::optional<Scalar> max) {
+  return unary(kClamp, x, clamp_attrs(min, max));
+}
+Tensor clamp_min(const Tensor& x, Scalar min) { return clamp(x, min, std::nullopt); }
+Tensor clamp_max(const Tensor& x, Scalar max) { return clamp(x, std::nullopt, max); }
+
+Tensor add(const Tensor& a, const Tensor& b, Scalar alpha) {
+  return binary(kAdd, a, b, alpha_attrs(alpha));
+}
+Tensor add(const Tensor& a, Scalar b) { return binary(kAdd, a, wrap_scalar(b)); }
+Tensor sub(const Tensor& a, const Tensor& b, Scalar alpha) {
+  return binary(kSub, a, b, alpha_attrs(alpha));
+}
+Tensor sub(const Tensor& a, Scalar b) { return binary(kSub, a, wrap_scalar(b)); }
+Tensor operator-(Scalar a, const Tensor& b) { return binary(kSub, wrap_scalar(a), b); }
+Tensor mul(const Tensor& a, const Tensor& b) { return binary(kMul, a, b); }
+Tensor mul(const Tensor& a, Scalar b) { return binary(kMul, a, wrap_scalar(b)); }
+Tensor div(const Tensor& a, const Tensor& b) { return binary(kDiv, a, b); }
+Tensor div(const Tensor& a, Scalar b) { return binary(kDiv, a, wrap_scalar(b)); }
+Tensor operator/(Scalar a, const Tensor& b) { return binary(kDiv, wrap_scalar(a), b); }
+Tensor pow(const Tensor& a, const Tensor& b) { return binary(kPow, a, b); }
+Tensor pow(const Tensor& a, Scalar b) { return binary(kPow, a, wrap_scalar(b)); }
+Tensor pow(Scalar a, const Tensor& b) { return binary(kPow, wrap_scalar(a), b); }
+Tensor maximum(const Tensor& a, const Tensor& b) { return binary(kMaximum, a, b); }
+Tensor minimum(const Tensor& a, const Tensor& b) { return binary(kMinimum, a, b); }
+Tensor eq(const Tensor& a, const Tensor& b) { return binary(kEq, a, b); }
+Tensor eq(const Tensor& a, Scalar b) { return binary(kEq, a, wrap_scalar(b)); }
+Tensor ne(const Tensor& a, const Tensor& b) { return binary(kNe, a, b); }
+Tensor ne(const Tensor& a, Scalar b) { return binary(kNe, a, wrap_scalar(b)); }
+Tensor lt(const Tensor& a, const Tensor& b) { return binary(kLt, a, b); }
+Tensor lt(const Tensor& a, Scalar b) { return binary(kLt, a, wrap_scalar(b)); }
+Tensor le(const Tensor& a, const Tensor& b) { return binary(kLe, a, b); }
+Tensor le(const Tensor& a, Scalar b) { return binary(kLe, a, wrap_scalar(b)); }
+Tensor gt(const Tensor& a, const Tensor& b) { return binary(kGt, a, b); }
+Tensor gt(const Tensor& a, Scalar b) { return binary(kGt, a, wrap_scalar(b)); }
+Tensor ge(const Tensor& a, const Tensor& b) { return binary(kGe, a, b); }
+Tensor ge(const Tensor& a, Scalar b) { return binary(kGe, a, wrap_scalar(b)); }
+Tensor logical_and(const Tensor& a, const Tensor& b) { return binary(kLogicalAnd, a, b); }
+Tensor logical_or(const Tensor& a, const Tensor& b) { return binary(kLogicalOr, a, b); }
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
+  return call_op1(kWhere, {cond, a, b});
+}
+Tensor where(const Tensor& cond, const Tensor& a, Scalar b) {
+  return call_op1(kWhere, {cond, a, wrap_scalar(b)});
+}
+Tensor where(const Tensor& cond, Scalar a, const Tensor& b) {
+  return call_op1(kWhere, {cond, wrap_scalar(a), b});
+}
+
+Tensor& neg_(Tensor& x) { return inplace(kNeg, x, {x}); }
+Tensor& exp_(Tensor& x) { return inplace(kExp, x, {x}); }
+Tensor& sqrt_(Tensor& x) { return inplace(kSqrt, x, {x}); }
+Tensor& tanh_(Tensor& x) { return inplace(kTanh, x, {x}); }
+Tensor& sigmoid_(Tensor& x) { return inplace(kSigmoid, x, {x}); }
+Tensor& relu_(Tensor& x) { return inplace(kRelu, x, {x}); }
+Tensor& clamp_(Tensor& x, std::optional<Scalar> min, std::optional<Scalar> max) {
+  return inplace(kClamp, x, {x}, clamp_attrs(min, max));
+}
+Tensor& pow_(Tensor& x, Scalar exponent) { return inplace(kPow, x, {x, wrap_scalar(exponent)}); }
+
+// ---- Tensor members ----
+
+Tensor& Tensor::add_(const Tensor& other, Scalar alpha) {
+  call_op_out(kAdd, {*this, other}, alpha_attrs(alpha), *this);
+  return *this;
+}
+Tensor& Tensor::add_(Scalar other) {
+  call_op_out(kAdd, {*this, wrap_scalar(other)}, {}, *this);
+  return *this;
+}
+Tensor& Tensor::sub_(const Tensor& other, Scalar alpha) {
+  call_op_out(kSub, {*this, other}, alpha_attrs(alpha), *this);
+  return *this;
+}
+Tensor& Tensor::sub_(Scalar other) {
+  call_op_out(kSub, {*this, wrap_scalar(other)}, {}, *this);
+  return *this;
+}
+Tensor& Tensor::mul_(const Tensor& other) {
+  call_op_out(kMul, {*this, other}, {}, *this);
+  return *this;
+}
+Tensor& Tensor::mul_(Scalar other) {
+  call_op_out(kMul, {*this, wrap_scalar(other)}, {}, *this);
+  return *this;
+}
+Tensor& Tensor::div_(const Tensor& other) {
+  call_op_out(kDiv, {*this, other}, {}, *this);
+  return *this;
+}
+Tensor& Tensor::div_(Scalar other) {
+  call_op_out(kDiv, {*this, wrap_scalar(other)}, {}, *this);
+  return *this;
+}
+Tensor& Tensor::fill_(Scalar value) {
+  call_op_out(kFill, {*this}, {{"value", value}}, *this);
+  return *this;
+}
+Tensor& Tensor::zero_() { return fill_(0); }
+Tensor& Tensor::copy_(const Tensor& src) {
+  KILN_CHECK(src.defined(), "copy_: the source is undefined");
+  if (src.device() != device()) {
+    // Move first, then convert and broadcast on the target device.
+    return copy_(src.to(device()));
+  }
+  Tensor s = src.shape() == shape() ? src : src.expand(shape());
+  call_op_out(kCast, {s}, {{"dtype", dtype()}}, *this);
+  return *this;
+}
+
+Tensor Tensor::to(DType dtype) const {
+  if (dtype == this->dtype()) return *this;
+  return call_op1(kCast, {*this}, {{"dtype", dtype}});
+}
+Tensor Tensor::to(Device device) const {
+  if (device == this->device()) return *this;
+  return call_op1(kToDevice, {*this}, {{"device", device}});
+}
+Tensor Tensor::clone() const { return call_op1(kClone, {*this}); }
+Tensor Tensor::contiguous() const { return is_contiguous() ? *this : clone(); }
+
+}  // namespace kiln

@@ -1,0 +1,315 @@
+#include "core/registry.h"
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <mutex>
+
+#include <fmt/ranges.h>
+
+namespace kiln {
+
+// ---- Attrs ----
+
+void Attrs::set(std::string name, AttrValue value) {
+  for (auto& a : items_) {
+    if (a.name == name) {
+      a.value = std::move(value);
+      return;
+    }
+  }
+  items_.push_back({std::move(name), std::move(value)});
+}
+
+const AttrValue* Attrs::find(std::string_view name) const {
+  for (const auto& a : items_)
+    if (a.name == name) return &a.value;
+  return nullptr;
+}
+
+const AttrValue& Attrs::get(std::string_view name) const {
+  const AttrValue* v = find(name);
+  KILN_CHECK(v, "attribute '{}' is missing", name);
+  return *v;
+}
+
+std::optional<Scalar> Attrs::optional_scalar(std::string_view name) const {
+  const AttrValue* v = find(name);
+  if (!v) return std::nullopt;
+  return std::get<Scalar>(*v);
+}
+
+static std::string attr_value_str(const AttrValue& v) {
+  return std::visit(
+      [](const auto& x) -> std::string {
+        using T = std::decay_t<decltype(x)>;
+        if constexpr (std::is_same_v<T, bool>) return x ? "true" : "false";
+        else if constexpr (std::is_same_v<T, Scalar>)
+          return x.is_floating() ? fmt::format("{}", x.to_double())
+                                 : x.kind() == DType::boolean ? (x.to_int() ? "true" : "false")
+                                                              : fmt::format("{}", x.to_int());
+        else if constexpr (std::is_same_v<T, std::vector<int64_t>>)
+          return fmt::format("[{}]", fmt::join(x, ","));
+        else if constexpr (std::is_same_v<T, std::string>) return fmt::format("\"{}\"", x);
+        else return fmt::format("{}", x);
+      },
+      v);
+}
+
+std::string Attrs::to_string() const {
+  std::string s = "{";
+  for (size_t i = 0; i < items_.size(); ++i) {
+    if (i) s += ", ";
+    s += items_[i].name + "=" + attr_value_str(items_[i].value);
+  }
+  return s + "}";
+}
+
+// ---- TensorMeta ----
+
+TensorMeta TensorMeta::of(const Tensor& t) {
+  if (!t.defined()) return TensorMeta{.shape = {}, .defined = false};
+  return TensorMeta{t.shape(), t.dtype(), t.device(), t.is_wrapped_number(), true};
+}
+
+std::string TensorMeta::str() const {
+  if (!defined) return "none";
+  return fmt::format("{}{} {}", dtype, shape_str(shape), device);
+}
+
+std::string metas_str(std::span<const TensorMeta> in) {
+  std::string s;
+  for (size_t i = 0; i < in.size(); ++i) {
+    if (i) s += ", ";
+    s += in[i].str();
+  }
+  return s;
+}
+
+// ---- the registry ----
+
+namespace {
+
+struct Registry {
+  std::mutex mutex;
+  std::map<std::string, std::unique_ptr<OpDef>, std::less<>> ops;
+
+  OpDef& entry(std::string_view name) {
+    auto it = ops.find(name);
+    if (it == ops.end()) {
+      auto def = std::make_unique<OpDef>();
+      def->name = std::string(name);
+      it = ops.emplace(std::string(name), std::move(def)).first;
+    }
+    return *it->second;
+  }
+};
+
+Registry& registry() {
+  static Registry r;
+  return r;
+}
+
+}  // namespace
+
+const OpDef& define_op(OpDef def) {
+  Registry& r = registry();
+  std::lock_guard lock(r.mutex);
+  OpDef& e = r.entry(def.name);
+  KILN_CHECK(!e.infer, "define_op: op '{}' is defined twice", def.name);
+  KILN_CHECK(def.infer, "define_op: op '{}' has no shape rule", def.name);
+  KILN_CHECK(def.kind != OpKind::view || def.view, "define_op: view op '{}' has no view function",
+             def.name);
+  def.kernels = e.kernels;  // kernels may have registered first
+  def.backward = e.backward;
+  e = std::move(def);
+  return e;
+}
+
+void register_kernel(std::string_view op, DeviceType device, KernelFn kernel) {
+  Registry& r = registry();
+  std::lock_guard lock(r.mutex);
+  r.entry(op).kernels[static_cast<int>(device)] = kernel;
+}
+
+void set_backward(std::string_view op, const BackwardFormula* formula) {
+  Registry& r = registry();
+  std::lock_guard lock(r.mutex);
+  r.entry(op).backward = formula;
+}
+
+const OpDef& find_op(std::string_view name) {
+  Registry& r = registry();
+  std::lock_guard lock(r.mutex);
+  auto it = r.ops.find(name);
+  KILN_CHECK(it != r.ops.end() && it->second->infer, "find_op: there is no op named '{}'", name);
+  return *it->second;
+}
+
+std::vector<const OpDef*> all_ops() {
+  Registry& r = registry();
+  std::lock_guard lock(r.mutex);
+  std::vector<const OpDef*> out;
+  for (auto& [name, def] : r.ops)
+    if (def->infer) out.push_back(def.get());
+  return out;
+}
+
+// ---- the hook ----
+
+namespace {
+thread_local OpHook t_hook;
+thread_local int t_depth = 0;  // > 0 while a kernel runs: nested calls are not reported
+
+struct DepthScope {
+  DepthScope() { ++t_depth; }
+  ~DepthScope() { --t_depth; }
+};
+}  // namespace
+
+OpHookGuard::OpHookGuard(OpHook hook) : previous_(std::move(t_hook)) { t_hook = std::move(hook); }
+OpHookGuard::~OpHookGuard() { t_hook = std::move(previous_); }
+
+// ---- dispatch ----
+
+static std::vector<TensorMeta> metas_of(const std::vector<Tensor>& inputs) {
+  std::vector<TensorMeta> metas;
+  metas.reserve(inputs.size());
+  for (const Tensor& t : inputs) metas.push_back(TensorMeta::of(t));
+  return metas;
+}
+
+static KernelFn kernel_for(const OpDef& op, Device device, std::span<const TensorMeta> metas) {
+  KernelFn k = op.kernels[static_cast<int>(device.type)];
+  KILN_CHECK(k, "{}: no kernel for device {} (inputs: {})", op.name, device, metas_str(metas));
+  return k;
+}
+
+std::vector<Tensor> call_op(const OpDef& op, std::vector<Tensor> inputs, const Attrs& attrs) {
+  std::vector<TensorMeta> metas = metas_of(inputs);
+  std::vector<Tensor> outputs;
+  if (op.kind == OpKind::view) {
+    op.infer(metas, attrs);  // validates
+    outputs.push_back(op.view(inputs.at(0), attrs));
+  } else {
+    std::vector<TensorMeta> out_metas = op.infer(metas, attrs);
+    outputs.reserve(out_metas.size());
+    for (const TensorMeta& m : out_metas) outputs.push_back(make_tensor(m.shape, m.dtype, m.device));
+    Device device = out_metas.empty() ? Device::cpu() : out_metas[0].device;
+    KernelFn kernel = kernel_for(op, device, metas);
+    DepthScope scope;
+    kernel(inputs, outputs, attrs);
+  }
+  for (int i : op.mutated_inputs) bump_version(inputs.at(i));
+  if (t_hook && t_depth == 0) t_hook(OpCall{op, inputs, attrs, outputs, false});
+  return outputs;
+}
+
+Tensor call_op1(const OpDef& op, std::vector<Tensor> inputs, const Attrs& attrs) {
+  return call_op(op, std::move(inputs), attrs).at(0);
+}
+
+static bool can_cast(DType from, DType to) {
+  // torch.can_cast for in-place results: no float -> integer, no non-bool -> bool.
+  if (is_floating(from) && !is_floating(to)) return false;
+  if (from != DType::boolean && to == DType::boolean) return false;
+  return true;
+}
+
+void call_op_out(const OpDef& op, std::vector<Tensor> inputs, const Attrs& attrs,
+                 const Tensor& out) {
+  KILN_CHECK(op.kind == OpKind::compute, "{}: a view op has no in-place form", op.name);
+  std::vector<TensorMeta> metas = metas_of(inputs);
+  std::vector<TensorMeta> out_metas = op.infer(metas, attrs);
+  KILN_CHECK(out_metas.size() == 1, "{}: in-place form needs an op with one output", op.name);
+  const TensorMeta& m = out_metas[0];
+  KILN_CHECK(m.shape == out.shape(),
+             "{}: result shape {} does not match the in-place target {} (inputs: {})", op.name,
+             shape_str(m.shape), out.meta_str(), metas_str(metas));
+  KILN_CHECK(can_cast(m.dtype, out.dtype()),
+             "{}: result dtype {} can't be cast to the in-place target's dtype {} (inputs: {})",
+             op.name, m.dtype, out.dtype(), metas_str(metas));
+  KILN_CHECK(m.device == out.device(), "{}: result on {} but the in-place target is on {}",
+             op.name, m.device, out.device());
+  KernelFn kernel = kernel_for(op, m.device, metas);
+  std::vector<Tensor> outputs{out};
+  {
+    DepthScope scope;
+    kernel(inputs, outputs, attrs);
+  }
+  bump_version(out);
+  if (t_hook && t_depth == 0) t_hook(OpCall{op, inputs, attrs, outputs, true});
+}
+
+// ---- shape and dtype helpers ----
+
+Shape broadcast_shapes(std::span<const Shape> shapes, const char* op) {
+  size_t nd = 0;
+  for (const Shape& s : shapes) nd = std::max(nd, s.size());
+  Shape out(nd, 1);
+  for (const Shape& s : shapes) {
+    for (size_t i = 0; i < s.size(); ++i) {
+      int64_t& o = out[nd - s.size() + i];
+      int64_t v = s[i];
+      if (v == o || v == 1) continue;
+      if (o == 1) {
+        o = v;
+        continue;
+      }
+      std::string all;
+      for (size_t j = 0; j < shapes.size(); ++j) all += (j ? ", " : "") + shape_str(shapes[j]);
+      fail("{}: shapes {} cannot be broadcast together (size {} against {} at dim {})", op, all,
+           v, o, static_cast<int64_t>(nd - s.size() + i));
+    }
+  }
+  return out;
+}
+
+static int category(DType t) {
+  return t == DType::boolean ? 0 : is_floating(t) ? 2 : 1;
+}
+
+// PyTorch's combine_categories: a lower-priority group only matters when it is of a higher
+// category (a float scalar makes an int tensor float, but never makes an f16 tensor f32).
+static std::optional<DType> combine(std::optional<DType> higher, std::optional<DType> lower) {
+  if (!higher) return lower;
+  if (!lower) return higher;
+  if (category(*higher) >= category(*lower)) return higher;
+  return promote_types(*higher, *lower);
+}
+
+DType result_type(std::span<const TensorMeta> in) {
+  std::optional<DType> dims, zero_dim, wrapped;
+  auto update = [](std::optional<DType>& r, DType t) { r = r ? promote_types(*r, t) : t; };
+  for (const TensorMeta& m : in) {
+    if (!m.defined) continue;
+    if (m.wrapped_number) {
+      // A floating literal stands for the default float type, an integer for i64.
+      update(wrapped, is_floating(m.dtype) ? kDefaultFloat : m.dtype);
+    } else if (m.shape.empty()) {
+      update(zero_dim, m.dtype);
+    } else {
+      update(dims, m.dtype);
+    }
+  }
+  std::optional<DType> r = combine(dims, combine(zero_dim, wrapped));
+  return r ? *r : kDefaultFloat;
+}
+
+Device common_device(std::span<const TensorMeta> in, const char* op) {
+  std::optional<Device> device;
+  for (const TensorMeta& m : in) {
+    if (!m.defined || m.wrapped_number) continue;
+    // A 0-d CPU tensor may join tensors on any device, as in PyTorch.
+    if (m.shape.empty() && m.device.is_cpu()) continue;
+    if (!device) device = m.device;
+    KILN_CHECK(*device == m.device, "{}: expected all tensors on one device, got {} and {} ({})",
+               op, *device, m.device, metas_str(in));
+  }
+  if (device) return *device;
+  for (const TensorMeta& m : in)
+    if (m.defined && !m.wrapped_number) return m.device;
+  return Device::cpu();
+}
+
+}  // namespace kiln

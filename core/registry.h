@@ -1,0 +1,145 @@
+#pragma once
+// The op registry. Each op is declared once with its name, its shape and dtype rule
+// (`infer`, used by eager calls and by the tracer alike) and its kernels per device.
+// Every eager op call goes through call_op, and the one tracing hook sees each call with
+// its inputs, attributes and outputs.
+#include <array>
+#include <functional>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace kiln {
+
+// Attribute values: everything an op is parameterised by that is not a tensor.
+using AttrValue =
+    std::variant<bool, int64_t, double, Scalar, std::vector<int64_t>, DType, Device, std::string>;
+struct Attr {
+  std::string name;
+  AttrValue value;
+};
+
+class Attrs {
+ public:
+  Attrs() = default;
+  Attrs(std::initializer_list<Attr> items) : items_(items) {}
+  void set(std::string name, AttrValue value);
+  bool has(std::string_view name) const { return find(name) != nullptr; }
+  const AttrValue& get(std::string_view name) const;  // error when missing
+  bool b(std::string_view name) const { return std::get<bool>(get(name)); }
+  int64_t i(std::string_view name) const { return std::get<int64_t>(get(name)); }
+  double f(std::string_view name) const { return std::get<double>(get(name)); }
+  Scalar scalar(std::string_view name) const { return std::get<Scalar>(get(name)); }
+  const std::vector<int64_t>& ints(std::string_view name) const {
+    return std::get<std::vector<int64_t>>(get(name));
+  }
+  DType dtype(std::string_view name) const { return std::get<DType>(get(name)); }
+  Device device(std::string_view name) const { return std::get<Device>(get(name)); }
+  const std::string& str(std::string_view name) const { return std::get<std::string>(get(name)); }
+  std::optional<Scalar> optional_scalar(std::string_view name) const;
+  const std::vector<Attr>& items() const { return items_; }
+  std::string to_string() const;  // "{dim=[1], keepdim=true}"
+
+ private:
+  const AttrValue* find(std::string_view name) const;
+  std::vector<Attr> items_;
+};
+
+// What the shape rule sees of a tensor. `defined` is false for an absent optional input.
+struct TensorMeta {
+  Shape shape;
+  DType dtype = DType::f32;
+  Device device;
+  bool wrapped_number = false;
+  bool defined = true;
+  static TensorMeta of(const Tensor& t);
+  std::string str() const;  // "f32[2,3] cpu"
+};
+
+struct OpDef;
+struct BackwardFormula;  // defined by autograd/
+
+// One op call as the tracing hook sees it.
+struct OpCall {
+  const OpDef& op;
+  std::span<const Tensor> inputs;
+  const Attrs& attrs;
+  std::span<const Tensor> outputs;
+  bool inplace = false;  // outputs[0] was given by the caller (`add_`, `copy_`)
+};
+
+// Shape and dtype rule: validates inputs (throwing kiln::Error naming the op) and says
+// what each output is. Outputs go on the device of the inputs unless the rule says so.
+using InferFn = std::vector<TensorMeta> (*)(std::span<const TensorMeta> in, const Attrs& attrs);
+// A kernel writes the outputs, which the dispatcher allocated from the rule's answer (or
+// the caller gave, for in-place forms: then they may be strided or alias an input).
+using KernelFn = void (*)(std::span<const Tensor> in, std::span<const Tensor> out,
+                          const Attrs& attrs);
+// A view op returns a tensor sharing its input's storage.
+using ViewFn = Tensor (*)(const Tensor& in, const Attrs& attrs);
+
+enum class OpKind : uint8_t { compute, view };
+
+struct OpDef {
+  std::string name;
+  InferFn infer = nullptr;
+  OpKind kind = OpKind::compute;
+  ViewFn view = nullptr;
+  // Inputs the op writes in place (batch norm's running statistics, say).
+  std::vector<int> mutated_inputs;
+  // Reads the random generator (its seed and offset are attributes of the call).
+  bool random = false;
+  std::array<KernelFn, kNumDeviceTypes> kernels{};
+  const BackwardFormula* backward = nullptr;  // set by autograd/
+};
+
+// Declares an op (once, from a static initializer in core/ops/). Returns a reference that
+// stays valid for the life of the program.
+const OpDef& define_op(OpDef def);
+// Registers `op`'s kernel for a device type (from kernels/<device>/).
+void register_kernel(std::string_view op, DeviceType device, KernelFn kernel);
+// The op named `name`; an error when there is none.
+const OpDef& find_op(std::string_view name);
+// Every defined op, sorted by name.
+std::vector<const OpDef*> all_ops();
+// Lets autograd/ attach a backward formula to an op.
+void set_backward(std::string_view op, const BackwardFormula* formula);
+
+// Runs an op eagerly: infer, allocate, kernel, hook.
+std::vector<Tensor> call_op(const OpDef& op, std::vector<Tensor> inputs, const Attrs& attrs = {});
+Tensor call_op1(const OpDef& op, std::vector<Tensor> inputs, const Attrs& attrs = {});
+// Runs an op writing its (single) output into `out`, which must have the rule's shape and
+// a dtype the result can be cast to. `out` may alias an input elementwise.
+void call_op_out(const OpDef& op, std::vector<Tensor> inputs, const Attrs& attrs,
+                 const Tensor& out);
+
+// The tracing hook: sees every top-level op call on this thread (ops that a kernel runs
+// internally are not reported). Install with OpHookGuard; guards nest.
+using OpHook = std::function<void(const OpCall&)>;
+class OpHookGuard {
+ public:
+  explicit OpHookGuard(OpHook hook);
+  ~OpHookGuard();
+  OpHookGuard(const OpHookGuard&) = delete;
+  OpHookGuard& operator=(const OpHookGuard&) = delete;
+
+ private:
+  OpHook previous_;
+};
+
+// Shape helpers shared by shape rules.
+// Broadcasts shapes as NumPy does; errors name `op` and show every shape.
+Shape broadcast_shapes(std::span<const Shape> shapes, const char* op);
+// torch.result_type over inputs (wrapped numbers and 0-d tensors rank lowest).
+DType result_type(std::span<const TensorMeta> in);
+// Checks that defined inputs (other than wrapped numbers) share a device; returns it.
+Device common_device(std::span<const TensorMeta> in, const char* op);
+// "f32[2,3] cpu, i64[2] cpu" for error messages.
+std::string metas_str(std::span<const TensorMeta> in);
+
+}  // namespace kiln

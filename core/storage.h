@@ -1,0 +1,40 @@
+#pragma once
+// Storage: one allocation that tensors view. Views of the same storage share its version
+// counter, which autograd uses to detect a tensor modified after it was saved.
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+
+#include "core/device.h"
+
+namespace kiln {
+
+struct StorageImpl {
+  void* data = nullptr;
+  size_t nbytes = 0;
+  Device device;
+  std::function<void(void*)> deleter;  // empty for memory the user owns
+  uint64_t version = 0;
+
+  StorageImpl(void* data, size_t nbytes, Device device, std::function<void(void*)> deleter)
+      : data(data), nbytes(nbytes), device(device), deleter(std::move(deleter)) {}
+  StorageImpl(const StorageImpl&) = delete;
+  StorageImpl& operator=(const StorageImpl&) = delete;
+  ~StorageImpl() {
+    if (deleter) deleter(data);
+  }
+};
+using Storage = std::shared_ptr<StorageImpl>;
+
+// Allocates `nbytes` on `device` (64-byte aligned on the CPU).
+Storage allocate_storage(size_t nbytes, Device device);
+
+// Per-device allocation functions; a backend (CUDA) installs its own.
+struct DeviceAllocator {
+  void* (*allocate)(size_t nbytes, int device_index) = nullptr;
+  void (*release)(void* ptr, int device_index) = nullptr;
+};
+void set_device_allocator(DeviceType type, DeviceAllocator allocator);
+
+}  // namespace kiln

@@ -1,0 +1,122 @@
+#include "core/tensor.h"
+
+#include <ostream>
+
+#include <fmt/ranges.h>
+
+namespace kiln {
+
+std::string shape_str(const Shape& s) { return fmt::format("[{}]", fmt::join(s, ",")); }
+
+int64_t numel_of(const Shape& s) {
+  int64_t n = 1;
+  for (int64_t v : s) n *= v;
+  return n;
+}
+
+Shape contiguous_strides(const Shape& shape) {
+  Shape strides(shape.size());
+  int64_t st = 1;
+  for (size_t i = shape.size(); i-- > 0;) {
+    strides[i] = st;
+    st *= std::max<int64_t>(shape[i], 1);
+  }
+  return strides;
+}
+
+int64_t wrap_dim(int64_t dim, int64_t ndim, const char* op) {
+  const int64_t n = std::max<int64_t>(ndim, 1);  // a 0-d tensor accepts dim 0 and -1
+  KILN_CHECK(dim >= -n && dim < n, "{}: dim {} is out of range for a tensor of {} dims", op, dim,
+             ndim);
+  return dim < 0 ? dim + n : dim;
+}
+
+int64_t Tensor::size(int64_t d) const { return impl_->shape[wrap_dim(d, dim(), "size")]; }
+int64_t Tensor::stride(int64_t d) const { return impl_->strides[wrap_dim(d, dim(), "stride")]; }
+
+bool Tensor::is_contiguous() const {
+  int64_t expected = 1;
+  for (size_t i = impl_->shape.size(); i-- > 0;) {
+    if (impl_->shape[i] == 1) continue;
+    if (impl_->strides[i] != expected) return false;
+    expected *= impl_->shape[i];
+  }
+  return true;
+}
+
+void* Tensor::data_ptr() const {
+  return static_cast<char*>(impl_->storage->data) + impl_->offset * itemsize();
+}
+
+std::string Tensor::meta_str() const {
+  if (!defined()) return "undefined";
+  return fmt::format("{}{} {}", dtype(), shape_str(shape()), device());
+}
+
+Tensor make_tensor(Shape shape, DType dtype, Device device) {
+  for (int64_t s : shape)
+    KILN_CHECK(s >= 0, "empty: negative size in shape {}", shape_str(shape));
+  auto impl = std::make_shared<TensorImpl>();
+  const size_t nbytes = static_cast<size_t>(numel_of(shape)) * itemsize(dtype);
+  impl->storage = allocate_storage(nbytes, device);
+  impl->strides = contiguous_strides(shape);
+  impl->shape = std::move(shape);
+  impl->dtype = dtype;
+  impl->device = device;
+  return Tensor(std::move(impl));
+}
+
+Tensor make_view(const Tensor& base, Shape shape, Shape strides, int64_t offset) {
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = base.storage();
+  impl->shape = std::move(shape);
+  impl->strides = std::move(strides);
+  impl->offset = offset;
+  impl->dtype = base.dtype();
+  impl->device = base.device();
+  return Tensor(std::move(impl));
+}
+
+Tensor scalar_tensor(Scalar s, DType dtype, Device device) {
+  Tensor t = make_tensor({}, dtype, Device::cpu());
+  visit_dtype(dtype, [&]<class T>() { *static_cast<T*>(t.data_ptr()) = s.to<T>(); });
+  return device.is_cpu() ? t : t.to(device);
+}
+
+Tensor wrap_scalar(Scalar s) {
+  Tensor t = scalar_tensor(s, s.kind());
+  t.impl()->wrapped_number = true;
+  return t;
+}
+
+template <class T>
+T Tensor::item() const {
+  KILN_CHECK(defined(), "item: tensor is undefined");
+  KILN_CHECK(numel() == 1, "item: a tensor with {} elements ({}) cannot be converted to a scalar",
+             numel(), meta_str());
+  Tensor c = device().is_cpu() ? *this : to(Device::cpu());
+  return visit_dtype(c.dtype(), [&]<class S>() -> T {
+    const S v = *static_cast<const S*>(c.data_ptr());
+    if constexpr (std::is_same_v<S, Half> || std::is_same_v<S, BFloat16>)
+      return static_cast<T>(static_cast<float>(v));
+    else return static_cast<T>(v);
+  });
+}
+template float Tensor::item<float>() const;
+template double Tensor::item<double>() const;
+template int64_t Tensor::item<int64_t>() const;
+template int32_t Tensor::item<int32_t>() const;
+template uint8_t Tensor::item<uint8_t>() const;
+template bool Tensor::item<bool>() const;
+template <> Half Tensor::item<Half>() const { return Half(item<float>()); }
+template <> BFloat16 Tensor::item<BFloat16>() const { return BFloat16(item<float>()); }
+
+Scalar Tensor::item() const {
+  if (is_floating(dtype())) return Scalar(item<double>());
+  if (dtype() == DType::boolean) return Scalar(item<bool>());
+  return Scalar(item<int64_t>());
+}
+
+std::ostream& operator<<(std::ostream& os, const Tensor& t) { return os << t.str(); }
+
+}  // namespace kiln

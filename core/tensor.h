@@ -1,0 +1,138 @@
+#pragma once
+// Tensor: a handle to shared storage plus the view that reads it (shape, strides, offset),
+// its dtype and device. Copying a Tensor copies the handle; views share storage.
+// Op declarations live in core/ops/*.h, not here.
+#include <cstdint>
+#include <initializer_list>
+#include <iosfwd>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/device.h"
+#include "core/dtype.h"
+#include "core/scalar.h"
+#include "core/storage.h"
+
+namespace kiln {
+
+using Shape = std::vector<int64_t>;
+std::string shape_str(const Shape& s);  // "[2,3]"
+int64_t numel_of(const Shape& s);
+Shape contiguous_strides(const Shape& shape);
+// Wraps a possibly negative dim into [0, ndim); errors name `op`.
+int64_t wrap_dim(int64_t dim, int64_t ndim, const char* op);
+
+struct AutogradMeta;  // defined by autograd/
+
+struct TensorImpl {
+  Storage storage;
+  Shape shape;
+  Shape strides;  // in elements
+  int64_t offset = 0;  // in elements
+  DType dtype = DType::f32;
+  Device device;
+  // A number written in the program (`x * 2`): lowest priority in type promotion.
+  bool wrapped_number = false;
+  bool requires_grad = false;
+  std::shared_ptr<AutogradMeta> autograd;
+};
+
+class Tensor {
+ public:
+  Tensor() = default;
+  explicit Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}
+
+  bool defined() const { return impl_ != nullptr; }
+  TensorImpl* impl() const { return impl_.get(); }
+  const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
+  bool same(const Tensor& other) const { return impl_ == other.impl_; }
+
+  // Metadata
+  int64_t dim() const { return static_cast<int64_t>(impl_->shape.size()); }
+  const Shape& shape() const { return impl_->shape; }
+  const Shape& strides() const { return impl_->strides; }
+  int64_t size(int64_t d) const;
+  int64_t stride(int64_t d) const;
+  int64_t offset() const { return impl_->offset; }
+  int64_t numel() const { return numel_of(impl_->shape); }
+  DType dtype() const { return impl_->dtype; }
+  Device device() const { return impl_->device; }
+  size_t itemsize() const { return kiln::itemsize(impl_->dtype); }
+  bool is_contiguous() const;
+  bool is_wrapped_number() const { return impl_->wrapped_number; }
+  const Storage& storage() const { return impl_->storage; }
+  // The first element's address (storage data + offset).
+  void* data_ptr() const;
+  template <class T> T* data_ptr() const {
+    KILN_CHECK(dtype_v<T> == dtype(), "data_ptr: tensor has dtype {}, asked for {}", dtype(),
+               dtype_v<T>);
+    return static_cast<T*>(data_ptr());
+  }
+  std::string meta_str() const;  // "f32[2,3] cpu"
+
+  // The single value of a one-element tensor.
+  template <class T> T item() const;
+  Scalar item() const;
+
+  // Conversions and copies
+  Tensor to(DType dtype) const;    // the same tensor when dtype already matches
+  Tensor to(Device device) const;  // likewise
+  Tensor clone() const;            // a contiguous copy
+  Tensor contiguous() const;       // this tensor when already contiguous
+
+  // Views: share storage, never copy (reshape and flatten copy only when no view exists).
+  Tensor view(Shape shape) const;
+  Tensor reshape(Shape shape) const;
+  Tensor permute(std::vector<int64_t> dims) const;
+  Tensor transpose(int64_t d0, int64_t d1) const;
+  Tensor t() const;  // transpose of a matrix (or a vector unchanged)
+  Tensor slice(int64_t dim, int64_t start, int64_t end, int64_t step = 1) const;
+  Tensor narrow(int64_t dim, int64_t start, int64_t length) const;
+  Tensor select(int64_t dim, int64_t index) const;
+  Tensor expand(Shape shape) const;  // -1 keeps a size
+  Tensor broadcast_to(Shape shape) const;
+  Tensor squeeze() const;
+  Tensor squeeze(int64_t dim) const;
+  Tensor unsqueeze(int64_t dim) const;
+  Tensor flatten(int64_t start_dim = 0, int64_t end_dim = -1) const;
+  Tensor unflatten(int64_t dim, Shape sizes) const;
+  Tensor as_strided(Shape shape, Shape strides, int64_t offset) const;
+  Tensor operator[](int64_t index) const { return select(0, index); }
+
+  // In-place forms; each returns *this.
+  Tensor& add_(const Tensor& other, Scalar alpha = 1);
+  Tensor& add_(Scalar other);
+  Tensor& sub_(const Tensor& other, Scalar alpha = 1);
+  Tensor& sub_(Scalar other);
+  Tensor& mul_(const Tensor& other);
+  Tensor& mul_(Scalar other);
+  Tensor& div_(const Tensor& other);
+  Tensor& div_(Scalar other);
+  Tensor& fill_(Scalar value);
+  Tensor& zero_();
+  Tensor& copy_(const Tensor& src);  // broadcasts src and converts its dtype
+
+  // Autograd state (the engine arrives with the autograd layer).
+  bool requires_grad() const { return impl_->requires_grad; }
+
+  std::string str() const;  // PyTorch-like repr: tensor([[1., 2.], ...])
+
+ private:
+  std::shared_ptr<TensorImpl> impl_;
+};
+
+std::ostream& operator<<(std::ostream& os, const Tensor& t);
+
+// A tensor over fresh storage (contiguous) or over given storage.
+Tensor make_tensor(Shape shape, DType dtype, Device device = Device::cpu());
+Tensor make_view(const Tensor& base, Shape shape, Shape strides, int64_t offset);
+// A 0-d CPU tensor holding a number written in the program.
+Tensor wrap_scalar(Scalar s);
+// A 0-d tensor holding `s` converted to `dtype`.
+Tensor scalar_tensor(Scalar s, DType dtype, Device device = Device::cpu());
+
+// Bumps the version counter of t's storage: call after writing into t in place.
+inline void bump_version(const Tensor& t) { ++t.storage()->version; }
+
+}  // namespace kiln

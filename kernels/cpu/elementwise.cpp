@@ -1,0 +1,221 @@
+// CPU kernels of the elementwise ops, each a loop over a function of kernels/scalar.h.
+#include "kernels/cpu/elementwise.h"
+
+#include "kernels/cpu/loops.h"
+#include "kernels/scalar.h"
+
+namespace kiln::cpu {
+namespace {
+
+using Span = std::span<const Tensor>;
+
+// out = F(x) for ops whose result is floating.
+template <auto F>
+void unary_floating(Span in, Span out, const Attrs&) {
+  const DType c = compute_dtype(in, true);
+  into(out[0], c, [&](const Tensor& o) {
+    visit_floating(c, "elementwise", [&]<class T>() { map<T, T>(o, F, as_dtype(in[0], c)); });
+  });
+}
+
+// out = F(x) in the input's own dtype.
+template <auto F>
+void unary_same(Span in, Span out, const Attrs&) {
+  const DType c = compute_dtype(in, false);
+  into(out[0], c, [&](const Tensor& o) {
+    visit_dtype(c, [&]<class T>() { map<T, T>(o, F, as_dtype(in[0], c)); });
+  });
+}
+
+// out = F(a, b) in the promoted dtype (made floating for `floating` ops).
+template <auto F, bool floating>
+void binary(Span in, Span out, const Attrs&) {
+  const DType c = compute_dtype(in, floating);
+  into(out[0], c, [&](const Tensor& o) {
+    visit_dtype(c, [&]<class T>() {
+      map<T, T, T>(o, F, as_dtype(in[0], c), as_dtype(in[1], c));
+    });
+  });
+}
+
+// out (bool) = F(a, b) compared in the promoted dtype.
+template <auto F>
+void compare(Span in, Span out, const Attrs&) {
+  const DType c = compute_dtype(in, false);
+  into(out[0], DType::boolean, [&](const Tensor& o) {
+    visit_dtype(c, [&]<class T>() {
+      map<bool, T, T>(o, F, as_dtype(in[0], c), as_dtype(in[1], c));
+    });
+  });
+}
+
+// Logical ops read their operands as bool.
+template <auto F, int arity>
+void logical(Span in, Span out, const Attrs&) {
+  into(out[0], DType::boolean, [&](const Tensor& o) {
+    if constexpr (arity == 1) map<bool, bool>(o, F, as_dtype(in[0], DType::boolean));
+    else map<bool, bool, bool>(o, F, as_dtype(in[0], DType::boolean), as_dtype(in[1], DType::boolean));
+  });
+}
+
+// a + alpha * b and a - alpha * b
+template <bool subtract>
+void add_sub(Span in, Span out, const Attrs& attrs) {
+  if (!attrs.has("alpha")) {
+    if constexpr (subtract) binary<[](auto a, auto b) { return scalar::sub(a, b); }, false>(in, out, attrs);
+    else binary<[](auto a, auto b) { return scalar::add(a, b); }, false>(in, out, attrs);
+    return;
+  }
+  const Scalar alpha = attrs.scalar("alpha");
+  const DType c = compute_dtype(in, false);
+  into(out[0], c, [&](const Tensor& o) {
+    visit_dtype(c, [&]<class T>() {
+      using C = compute_t<T>;
+      const C k = alpha.to<C>();
+      map<T, T, T>(
+          o, [k](C a, C b) { return subtract ? C(a - k * b) : C(a + k * b); }, as_dtype(in[0], c),
+          as_dtype(in[1], c));
+    });
+  });
+}
+
+void gelu(Span in, Span out, const Attrs& attrs) {
+  const bool tanh_form = attrs.str("approximate") == "tanh";
+  const DType c = compute_dtype(in, true);
+  into(out[0], c, [&](const Tensor& o) {
+    visit_floating(c, "gelu", [&]<class T>() {
+      map<T, T>(o, [tanh_form](auto x) { return scalar::gelu(x, tanh_form); }, as_dtype(in[0], c));
+    });
+  });
+}
+
+void softplus(Span in, Span out, const Attrs& attrs) {
+  const DType c = compute_dtype(in, true);
+  into(out[0], c, [&](const Tensor& o) {
+    visit_floating(c, "softplus", [&]<class T>() {
+      using C = compute_t<T>;
+      const C beta = static_cast<C>(attrs.f("beta")), threshold = static_cast<C>(attrs.f("threshold"));
+      map<T, T>(o, [=](C x) { return scalar::softplus(x, beta, threshold); }, as_dtype(in[0], c));
+    });
+  });
+}
+
+void clamp(Span in, Span out, const Attrs& attrs) {
+  const auto lo = attrs.optional_scalar("min"), hi = attrs.optional_scalar("max");
+  std::vector<TensorMeta> metas{TensorMeta::of(in[0])};
+  for (const auto& bound : {lo, hi})
+    if (bound) metas.push_back(TensorMeta{{}, bound->kind(), Device::cpu(), true});
+  const DType c = result_type(metas);
+  into(out[0], c, [&](const Tensor& o) {
+    visit_dtype(c, [&]<class T>() {
+      using C = compute_t<T>;
+      if constexpr (std::is_same_v<C, bool>) {
+        fail("clamp: bool tensors are not supported");
+      } else {
+        const C l = lo ? lo->to<C>() : C(0), h = hi ? hi->to<C>() : C(0);
+        const bool has_lo = lo.has_value(), has_hi = hi.has_value();
+        map<T, T>(o, [=](C x) {
+          if (has_lo) x = scalar::maximum(x, l);
+          if (has_hi) x = scalar::minimum(x, h);
+          return x;
+        }, as_dtype(in[0], c));
+      }
+    });
+  });
+}
+
+void where(Span in, Span out, const Attrs&) {
+  const DType c = compute_dtype(in.subspan(1), false);
+  into(out[0], c, [&](const Tensor& o) {
+    visit_dtype(c, [&]<class T>() {
+      map<T, bool, T, T>(o, [](bool k, auto a, auto b) { return k ? a : b; },
+                         in[0], as_dtype(in[1], c), as_dtype(in[2], c));
+    });
+  });
+}
+
+void fill(Span, Span out, const Attrs& attrs) {
+  const Scalar v = attrs.scalar("value");
+  visit_dtype(out[0].dtype(), [&]<class T>() {
+    const T value = v.to<T>();
+    map<T>(out[0], [value]() { return value; });
+  });
+}
+
+void cast(Span in, Span out, const Attrs&) {
+  const Tensor& src = in[0];
+  const Tensor& dst = out[0];
+  if (src.dtype() == dst.dtype() && src.is_contiguous() && dst.is_contiguous() &&
+      src.shape() == dst.shape()) {
+    const size_t nbytes = static_cast<size_t>(src.numel()) * src.itemsize();
+    const char* s = static_cast<const char*>(src.data_ptr());
+    char* d = static_cast<char*>(dst.data_ptr());
+    if (s == d) return;
+    parallel_for(static_cast<int64_t>(nbytes), 1 << 20, [&](int64_t b, int64_t e) {
+      std::memcpy(d + b, s + b, static_cast<size_t>(e - b));
+    });
+    return;
+  }
+  visit_dtype(dst.dtype(), [&]<class O>() {
+    visit_dtype(src.dtype(), [&]<class I>() {
+      map<O, I>(dst, [](auto x) {
+        if constexpr (std::is_same_v<O, bool>) return x != decltype(x)(0);
+        else return x;
+      }, src);
+    });
+  });
+}
+
+void to_device_cpu(Span in, Span out, const Attrs& attrs) {
+  KILN_CHECK(in[0].device().is_cpu(), "to_device: no copy from {} in this build", in[0].device());
+  cast(in, out, attrs);
+}
+
+struct Registrar {
+  Registrar() {
+    constexpr auto cpu = DeviceType::cpu;
+    register_kernel("neg", cpu, unary_same<[](auto x) { return scalar::neg(x); }>);
+    register_kernel("abs", cpu, unary_same<[](auto x) { return scalar::abs(x); }>);
+    register_kernel("sign", cpu, unary_same<[](auto x) { return scalar::sign(x); }>);
+    register_kernel("relu", cpu, unary_same<[](auto x) { return scalar::relu(x); }>);
+    register_kernel("exp", cpu, unary_floating<[](auto x) { return scalar::exp(x); }>);
+    register_kernel("log", cpu, unary_floating<[](auto x) { return scalar::log(x); }>);
+    register_kernel("log1p", cpu, unary_floating<[](auto x) { return scalar::log1p(x); }>);
+    register_kernel("expm1", cpu, unary_floating<[](auto x) { return scalar::expm1(x); }>);
+    register_kernel("sqrt", cpu, unary_floating<[](auto x) { return scalar::sqrt(x); }>);
+    register_kernel("rsqrt", cpu, unary_floating<[](auto x) { return scalar::rsqrt(x); }>);
+    register_kernel("reciprocal", cpu, unary_floating<[](auto x) { return scalar::reciprocal(x); }>);
+    register_kernel("sin", cpu, unary_floating<[](auto x) { return scalar::sin(x); }>);
+    register_kernel("cos", cpu, unary_floating<[](auto x) { return scalar::cos(x); }>);
+    register_kernel("tanh", cpu, unary_floating<[](auto x) { return scalar::tanh(x); }>);
+    register_kernel("sigmoid", cpu, unary_floating<[](auto x) { return scalar::sigmoid(x); }>);
+    register_kernel("silu", cpu, unary_floating<[](auto x) { return scalar::silu(x); }>);
+    register_kernel("gelu", cpu, gelu);
+    register_kernel("softplus", cpu, softplus);
+    register_kernel("clamp", cpu, clamp);
+    register_kernel("logical_not", cpu, logical<[](bool x) { return !x; }, 1>);
+    register_kernel("logical_and", cpu, logical<[](bool a, bool b) { return a && b; }, 2>);
+    register_kernel("logical_or", cpu, logical<[](bool a, bool b) { return a || b; }, 2>);
+    register_kernel("add", cpu, add_sub<false>);
+    register_kernel("sub", cpu, add_sub<true>);
+    register_kernel("mul", cpu, binary<[](auto a, auto b) { return scalar::mul(a, b); }, false>);
+    register_kernel("div", cpu, binary<[](auto a, auto b) { return scalar::div(a, b); }, true>);
+    register_kernel("pow", cpu, binary<[](auto a, auto b) { return scalar::pow(a, b); }, false>);
+    register_kernel("maximum", cpu, binary<[](auto a, auto b) { return scalar::maximum(a, b); }, false>);
+    register_kernel("minimum", cpu, binary<[](auto a, auto b) { return scalar::minimum(a, b); }, false>);
+    register_kernel("eq", cpu, compare<[](auto a, auto b) { return scalar::eq(a, b); }>);
+    register_kernel("ne", cpu, compare<[](auto a, auto b) { return scalar::ne(a, b); }>);
+    register_kernel("lt", cpu, compare<[](auto a, auto b) { return scalar::lt(a, b); }>);
+    register_kernel("le", cpu, compare<[](auto a, auto b) { return scalar::le(a, b); }>);
+    register_kernel("gt", cpu, compare<[](auto a, auto b) { return scalar::gt(a, b); }>);
+    register_kernel("ge", cpu, compare<[](auto a, auto b) { return scalar::ge(a, b); }>);
+    register_kernel("where", cpu, where);
+    register_kernel("fill", cpu, fill);
+    register_kernel("cast", cpu, cast);
+    register_kernel("clone", cpu, cast);
+    register_kernel("to_device", cpu, to_device_cpu);
+  }
+} registrar;
+
+}  // namespace
+}  // namespace kiln::cpu

@@ -1,0 +1,129 @@
+#pragma once
+// Every elementwise scalar function of kiln, written once. This header compiles as host
+// C++ (the CPU kernels and the generated C++ kernels include it) and as CUDA device code
+// (nvcc, and NVRTC for generated CUDA kernels), so it includes nothing from the standard
+// library on the device side. Floating functions come in float and double; the 16-bit
+// types compute in float. Names match the ops of the registry.
+#include "core/hd.h"
+#if !defined(__CUDACC_RTC__)
+#include <math.h>
+#endif
+
+namespace kiln::scalar {
+
+// ---- arithmetic ----
+template <class T> KILN_HD T add(T a, T b) { return a + b; }
+template <class T> KILN_HD T sub(T a, T b) { return a - b; }
+template <class T> KILN_HD T mul(T a, T b) { return a * b; }
+template <class T> KILN_HD T div(T a, T b) { return a / b; }
+KILN_HD bool add(bool a, bool b) { return a || b; }
+KILN_HD bool mul(bool a, bool b) { return a && b; }
+template <class T> KILN_HD T neg(T a) { return -a; }
+template <class T> KILN_HD T abs(T a) { return a < T(0) ? -a : a; }
+KILN_HD bool abs(bool a) { return a; }
+KILN_HD unsigned char abs(unsigned char a) { return a; }
+KILN_HD float abs(float a) { return fabsf(a); }
+KILN_HD double abs(double a) { return fabs(a); }
+template <class T> KILN_HD T sign(T a) { return static_cast<T>((T(0) < a) - (a < T(0))); }
+KILN_HD bool sign(bool a) { return a; }
+KILN_HD unsigned char sign(unsigned char a) { return a != 0; }
+
+template <class T> KILN_HD bool is_nan(T) { return false; }
+KILN_HD bool is_nan(float a) { return a != a; }
+KILN_HD bool is_nan(double a) { return a != a; }
+
+// NaN-propagating max and min, like torch.maximum and torch.minimum.
+template <class T> KILN_HD T maximum(T a, T b) {
+  if (is_nan(a)) return a;
+  if (is_nan(b)) return b;
+  return a > b ? a : b;
+}
+template <class T> KILN_HD T minimum(T a, T b) {
+  if (is_nan(a)) return a;
+  if (is_nan(b)) return b;
+  return a < b ? a : b;
+}
+template <class T> KILN_HD T clamp(T x, T lo, T hi) { return minimum(maximum(x, lo), hi); }
+template <class T> KILN_HD T clamp_min(T x, T lo) { return maximum(x, lo); }
+template <class T> KILN_HD T clamp_max(T x, T hi) { return minimum(x, hi); }
+
+// Integer powers by squaring; a negative exponent gives 0 except for bases 1 and -1.
+template <class T> KILN_HD T pow(T base, T exp) {
+  if (exp < T(0)) {
+    if (base == T(1)) return T(1);
+    if (base == T(-1)) return (exp % T(2)) == T(0) ? T(1) : T(-1);
+    return T(0);
+  }
+  T result = T(1);
+  while (exp) {
+    if (exp & T(1)) result = result * base;
+    base = base * base;
+    exp = exp / T(2);
+  }
+  return result;
+}
+KILN_HD bool pow(bool base, bool exp) { return base || !exp; }
+KILN_HD unsigned char pow(unsigned char base, unsigned char exp) {
+  unsigned char result = 1;
+  for (; exp; exp = static_cast<unsigned char>(exp >> 1), base = static_cast<unsigned char>(base * base))
+    if (exp & 1) result = static_cast<unsigned char>(result * base);
+  return result;
+}
+KILN_HD float pow(float a, float b) { return powf(a, b); }
+KILN_HD double pow(double a, double b) { return ::pow(a, b); }
+
+// ---- transcendental (floating only) ----
+KILN_HD float exp(float x) { return expf(x); }
+KILN_HD double exp(double x) { return ::exp(x); }
+KILN_HD float log(float x) { return logf(x); }
+KILN_HD double log(double x) { return ::log(x); }
+KILN_HD float log1p(float x) { return log1pf(x); }
+KILN_HD double log1p(double x) { return ::log1p(x); }
+KILN_HD float expm1(float x) { return expm1f(x); }
+KILN_HD double expm1(double x) { return ::expm1(x); }
+KILN_HD float sqrt(float x) { return sqrtf(x); }
+KILN_HD double sqrt(double x) { return ::sqrt(x); }
+KILN_HD float rsqrt(float x) { return 1.0f / sqrtf(x); }
+KILN_HD double rsqrt(double x) { return 1.0 / ::sqrt(x); }
+template <class T> KILN_HD T reciprocal(T x) { return T(1) / x; }
+KILN_HD float sin(float x) { return sinf(x); }
+KILN_HD double sin(double x) { return ::sin(x); }
+KILN_HD float cos(float x) { return cosf(x); }
+KILN_HD double cos(double x) { return ::cos(x); }
+KILN_HD float tanh(float x) { return tanhf(x); }
+KILN_HD double tanh(double x) { return ::tanh(x); }
+KILN_HD float erf(float x) { return erff(x); }
+KILN_HD double erf(double x) { return ::erf(x); }
+
+// ---- activations ----
+template <class T> KILN_HD T relu(T x) { return x < T(0) ? T(0) : x; }  // keeps NaN
+KILN_HD bool relu(bool x) { return x; }
+KILN_HD unsigned char relu(unsigned char x) { return x; }
+template <class T> KILN_HD T sigmoid(T x) { return T(1) / (T(1) + exp(-x)); }
+template <class T> KILN_HD T silu(T x) { return x / (T(1) + exp(-x)); }
+// gelu(x) = x * Phi(x); `tanh_approx` selects the tanh form.
+template <class T> KILN_HD T gelu(T x, bool tanh_approx) {
+  if (tanh_approx) {
+    const T k = T(0.7978845608028654);  // sqrt(2 / pi)
+    return T(0.5) * x * (T(1) + tanh(k * (x + T(0.044715) * x * x * x)));
+  }
+  return T(0.5) * x * (T(1) + erf(x * T(0.7071067811865476)));
+}
+// softplus(x) = log(1 + exp(beta x)) / beta, linear above the threshold.
+template <class T> KILN_HD T softplus(T x, T beta, T threshold) {
+  return x * beta > threshold ? x : log1p(exp(x * beta)) / beta;
+}
+
+// ---- comparisons and logic ----
+template <class T> KILN_HD bool eq(T a, T b) { return a == b; }
+template <class T> KILN_HD bool ne(T a, T b) { return a != b; }
+template <class T> KILN_HD bool lt(T a, T b) { return a < b; }
+template <class T> KILN_HD bool le(T a, T b) { return a <= b; }
+template <class T> KILN_HD bool gt(T a, T b) { return a > b; }
+template <class T> KILN_HD bool ge(T a, T b) { return a >= b; }
+template <class T> KILN_HD bool logical_and(T a, T b) { return a != T(0) && b != T(0); }
+template <class T> KILN_HD bool logical_or(T a, T b) { return a != T(0) || b != T(0); }
+template <class T> KILN_HD bool logical_not(T a) { return a == T(0); }
+template <class T> KILN_HD T where(bool c, T a, T b) { return c ? a : b; }
+
+}  // namespace kiln::scalar

@@ -1,0 +1,42 @@
+# Finds the system's dependencies (Debian packages; nothing is vendored).
+find_package(fmt REQUIRED)
+find_package(Eigen3 3.4 REQUIRED NO_MODULE)
+find_package(OpenMP REQUIRED COMPONENTS CXX)
+
+set(KILN_HAVE_OPENBLAS OFF)
+if(NOT KILN_BLAS STREQUAL "OFF")
+  # Prefer the OpenMP build: the pthread build oversubscribes the cores next to OpenMP.
+  find_library(KILN_OPENBLAS_LIBRARY NAMES openblas
+    PATHS /usr/lib/x86_64-linux-gnu/openblas-openmp /usr/lib/aarch64-linux-gnu/openblas-openmp
+    NO_DEFAULT_PATH)
+  find_library(KILN_OPENBLAS_LIBRARY NAMES openblas)
+  find_path(KILN_CBLAS_INCLUDE_DIR cblas.h
+    PATHS /usr/include/x86_64-linux-gnu/openblas-openmp /usr/include/aarch64-linux-gnu/openblas-openmp
+    /usr/include/openblas)
+  if(KILN_OPENBLAS_LIBRARY AND KILN_CBLAS_INCLUDE_DIR)
+    add_library(kiln_openblas INTERFACE)
+    target_link_libraries(kiln_openblas INTERFACE ${KILN_OPENBLAS_LIBRARY})
+    target_include_directories(kiln_openblas INTERFACE ${KILN_CBLAS_INCLUDE_DIR})
+    set(KILN_HAVE_OPENBLAS ON)
+    message(STATUS "kiln: GEMM through OpenBLAS (${KILN_OPENBLAS_LIBRARY}), Eigen as fallback")
+  elseif(KILN_BLAS STREQUAL "ON")
+    message(FATAL_ERROR "kiln: KILN_BLAS=ON but OpenBLAS was not found (apt-get install libopenblas-openmp-dev)")
+  else()
+    message(STATUS "kiln: OpenBLAS not found; GEMM through Eigen")
+  endif()
+endif()
+
+set(KILN_HAVE_CUDA OFF)
+if(NOT KILN_CUDA STREQUAL "OFF")
+  if(KILN_CUDA STREQUAL "ON")
+    find_package(CUDAToolkit REQUIRED)
+  else()
+    find_package(CUDAToolkit QUIET)
+  endif()
+  if(CUDAToolkit_FOUND)
+    set(KILN_HAVE_CUDA ON)
+    message(STATUS "kiln: CUDA toolkit ${CUDAToolkit_VERSION} found (${CUDAToolkit_LIBRARY_DIR})")
+  else()
+    message(STATUS "kiln: no CUDA toolkit; building CPU-only")
+  endif()
+endif()

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Installs the Debian packages kiln builds against, when they are missing.
+# Run as root it uses apt-get; otherwise it names what to install and stops.
+set -euo pipefail
+
+packages=(cmake ninja-build g++ make libeigen3-dev libfmt-dev catch2 libopenblas-openmp-dev)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "kiln: missing Debian packages: ${missing[*]}" >&2
+  echo "kiln: install them with: sudo apt-get install -y ${missing[*]}" >&2
+  exit 1
+fi
+echo "kiln: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}"
