@@ -33,8 +33,12 @@ Storage allocate_storage(size_t nbytes, Device device);
 // Per-device allocation functions; a backend (CUDA) installs its own.
 struct DeviceAllocator {
   void* (*allocate)(size_t nbytes, int device_index) = nullptr;
-  void (*release)(void* ptr, int device_index) = nullptr;
+  void (*release)(void* ptr, size_t nbytes, int device_index) = nullptr;
 };
 void set_device_allocator(DeviceType type, DeviceAllocator allocator);
+
+// Returns the CPU allocator's cached large blocks (kept for reuse after tensors die) to
+// the system.
+void empty_cpu_cache();
 
 }  // namespace kiln
