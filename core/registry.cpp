@@ -181,7 +181,11 @@ static std::vector<TensorMeta> metas_of(const std::vector<Tensor>& inputs) {
 
 static KernelFn kernel_for(const OpDef& op, Device device, std::span<const TensorMeta> metas) {
   KernelFn k = op.kernels[static_cast<int>(device.type)];
-  KILN_CHECK(k, "{}: no kernel for device {} (inputs: {})", op.name, device, metas_str(metas));
+  if (!k) {
+    fail("{}: no kernel for device {}{} (inputs: {})", op.name, device,
+         has_device_allocator(device.type) ? "" : " (this build of kiln has no backend for it)",
+         metas_str(metas));
+  }
   return k;
 }
 
@@ -193,10 +197,10 @@ std::vector<Tensor> call_op(const OpDef& op, std::vector<Tensor> inputs, const A
     outputs.push_back(op.view(inputs.at(0), attrs));
   } else {
     std::vector<TensorMeta> out_metas = op.infer(metas, attrs);
-    outputs.reserve(out_metas.size());
-    for (const TensorMeta& m : out_metas) outputs.push_back(make_tensor(m.shape, m.dtype, m.device));
     Device device = out_metas.empty() ? Device::cpu() : out_metas[0].device;
     KernelFn kernel = kernel_for(op, device, metas);
+    outputs.reserve(out_metas.size());
+    for (const TensorMeta& m : out_metas) outputs.push_back(make_tensor(m.shape, m.dtype, m.device));
     DepthScope scope;
     kernel(inputs, outputs, attrs);
   }

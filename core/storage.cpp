@@ -93,6 +93,8 @@ void set_device_allocator(DeviceType type, DeviceAllocator allocator) {
   allocator_for(type) = allocator;
 }
 
+bool has_device_allocator(DeviceType type) { return allocator_for(type).allocate != nullptr; }
+
 Storage allocate_storage(size_t nbytes, Device device) {
   DeviceAllocator a = allocator_for(device.type);
   KILN_CHECK(a.allocate, "allocate: device {} is not available (kiln has no backend for it in this build)",

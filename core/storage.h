@@ -36,6 +36,7 @@ struct DeviceAllocator {
   void (*release)(void* ptr, size_t nbytes, int device_index) = nullptr;
 };
 void set_device_allocator(DeviceType type, DeviceAllocator allocator);
+bool has_device_allocator(DeviceType type);
 
 // Returns the CPU allocator's cached large blocks (kept for reuse after tensors die) to
 // the system.
