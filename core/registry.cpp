@@ -204,7 +204,8 @@ std::vector<Tensor> call_op(const OpDef& op, std::vector<Tensor> inputs, const A
     DepthScope scope;
     kernel(inputs, outputs, attrs);
   }
-  for (int i : op.mutated_inputs) bump_version(inputs.at(i));
+  for (int i : op.mutated_inputs)
+    if (inputs.at(i).defined()) bump_version(inputs.at(i));
   if (t_hook && t_depth == 0) t_hook(OpCall{op, inputs, attrs, outputs, false});
   return outputs;
 }
