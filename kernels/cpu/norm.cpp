@@ -1,0 +1,328 @@
+// CPU kernels of batch and layer normalization. Inputs are made contiguous and seen as
+// [N, C, L] (batch norm: threads split the channels) or [M, K] (layer norm: threads split
+// the rows), so every inner loop runs over contiguous memory. Sums accumulate in f64;
+// elementwise work happens in the compute type (f32 for the 16-bit floats).
+#include <algorithm>
+#include <cmath>
+#include <mutex>
+
+#include "core/registry.h"
+#include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/parallel.h"
+
+namespace kiln::cpu {
+namespace {
+
+using Span = std::span<const Tensor>;
+
+template <class T>
+double to_double(T v) {
+  return static_cast<double>(static_cast<compute_t<T>>(v));
+}
+
+// Sum of term(i) over [0, n) in f64, in eight independent lanes so the loop vectorizes.
+template <class Term>
+double accumulate(int64_t n, Term term) {
+  double lane[8] = {};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; ++j) lane[j] += term(i + j);
+  double sum = 0;
+  for (; i < n; ++i) sum += term(i);
+  for (double v : lane) sum += v;
+  return sum;
+}
+
+// A small (per-channel or per-feature) tensor read as f64; `fallback` for every element
+// when it is absent.
+std::vector<double> read_values(const Tensor& t, int64_t n, double fallback) {
+  if (!t.defined() || t.numel() == 0) return std::vector<double>(static_cast<size_t>(n), fallback);
+  const Tensor c = as_dtype(t, DType::f64).contiguous();
+  const double* p = c.data_ptr<double>();
+  return std::vector<double>(p, p + n);
+}
+
+// Writes `v` into `t` (any floating dtype, any strides, one dim).
+void write_values(const Tensor& t, const std::vector<double>& v) {
+  visit_floating(t.dtype(), "norm", [&]<class R>() {
+    R* p = static_cast<R*>(t.data_ptr());
+    const int64_t stride = t.dim() ? t.stride(0) : 1;
+    for (size_t i = 0; i < v.size(); ++i)
+      p[static_cast<int64_t>(i) * stride] = static_cast<R>(static_cast<compute_t<R>>(v[i]));
+  });
+}
+
+// `t` contiguous in the compute type of an input of dtype `input` (f32 for the 16-bit
+// floats), converted when needed.
+Tensor in_compute_dtype(const Tensor& t, DType input) {
+  return as_dtype(t, input == DType::f64 ? DType::f64 : DType::f32).contiguous();
+}
+
+struct ChannelLayout {
+  int64_t n, c, l;  // input viewed as [N, C, L]
+};
+ChannelLayout channel_layout(const Tensor& x) {
+  int64_t l = 1;
+  for (int64_t d = 2; d < x.dim(); ++d) l *= x.size(d);
+  return {x.size(0), x.size(1), l};
+}
+
+int64_t grain_for(int64_t work_per_item) {
+  return std::max<int64_t>(1, kGrain / std::max<int64_t>(1, work_per_item));
+}
+
+void batch_norm(Span in, Span out, const Attrs& attrs) {
+  const bool training = attrs.b("training");
+  const double momentum = attrs.has("momentum") ? attrs.f("momentum") : 0.1;
+  const double eps = attrs.has("eps") ? attrs.f("eps") : 1e-5;
+  const Tensor x = in[0].contiguous();
+  const ChannelLayout s = channel_layout(x);
+  const bool has_running = in[3].numel() != 0 || s.c == 0;
+  const std::vector<double> weight = read_values(in[1], s.c, 1.0),
+                            bias = read_values(in[2], s.c, 0.0);
+  std::vector<double> mean(static_cast<size_t>(s.c)), invstd(static_cast<size_t>(s.c));
+  const int64_t count = s.n * s.l;
+
+  visit_floating(x.dtype(), "batch_norm", [&]<class T>() {
+    using C = compute_t<T>;
+    const T* xs = x.data_ptr<T>();
+    if (training) {
+      std::vector<double> var(static_cast<size_t>(s.c));
+      parallel_for(s.c, grain_for(count), [&](int64_t b, int64_t e) {
+        for (int64_t c = b; c < e; ++c) {
+          double sum = 0;
+          for (int64_t n = 0; n < s.n; ++n) {
+            const T* p = xs + (n * s.c + c) * s.l;
+            sum += accumulate(s.l, [p](int64_t i) { return to_double(p[i]); });
+          }
+          const double m = sum / static_cast<double>(count);
+          // A second pass over the deviations keeps the variance accurate for large means.
+          double sq = 0;
+          for (int64_t n = 0; n < s.n; ++n) {
+            const T* p = xs + (n * s.c + c) * s.l;
+            sq += accumulate(s.l, [p, m](int64_t i) {
+              const double d = to_double(p[i]) - m;
+              return d * d;
+            });
+          }
+          mean[c] = m;
+          var[c] = sq / static_cast<double>(count);
+          invstd[c] = 1.0 / std::sqrt(var[c] + eps);
+        }
+      });
+      if (has_running) {
+        std::vector<double> running_mean = read_values(in[3], s.c, 0.0);
+        std::vector<double> running_var = read_values(in[4], s.c, 0.0);
+        const double unbias = static_cast<double>(count) / static_cast<double>(count - 1);
+        for (int64_t c = 0; c < s.c; ++c) {
+          running_mean[c] = (1 - momentum) * running_mean[c] + momentum * mean[c];
+          running_var[c] = (1 - momentum) * running_var[c] + momentum * var[c] * unbias;
+        }
+        write_values(in[3], running_mean);
+        write_values(in[4], running_var);
+      }
+    } else {
+      mean = read_values(in[3], s.c, 0.0);
+      const std::vector<double> var = read_values(in[4], s.c, 1.0);
+      for (int64_t c = 0; c < s.c; ++c) invstd[c] = 1.0 / std::sqrt(var[c] + eps);
+    }
+    T* ys = out[0].data_ptr<T>();
+    parallel_for(s.c, grain_for(count), [&](int64_t b, int64_t e) {
+      for (int64_t c = b; c < e; ++c) {
+        const C scale = static_cast<C>(invstd[c] * weight[c]);
+        const C shift = static_cast<C>(bias[c] - mean[c] * invstd[c] * weight[c]);
+        for (int64_t n = 0; n < s.n; ++n) {
+          const T* p = xs + (n * s.c + c) * s.l;
+          T* q = ys + (n * s.c + c) * s.l;
+          for (int64_t i = 0; i < s.l; ++i)
+            q[i] = static_cast<T>(static_cast<C>(p[i]) * scale + shift);
+        }
+      }
+    });
+  });
+  write_values(out[1], mean);
+  write_values(out[2], invstd);
+}
+
+void batch_norm_backward(Span in, Span out, const Attrs& attrs) {
+  const bool training = attrs.b("training");
+  const Tensor x = in[1].contiguous();
+  const Tensor grad = as_dtype(in[0], x.dtype()).contiguous();
+  const ChannelLayout s = channel_layout(x);
+  const std::vector<double> weight = read_values(in[2], s.c, 1.0);
+  const std::vector<double> mean = read_values(in[3], s.c, 0.0);
+  const std::vector<double> invstd = read_values(in[4], s.c, 0.0);
+  std::vector<double> grad_weight(static_cast<size_t>(s.c)), grad_bias(static_cast<size_t>(s.c));
+  const int64_t count = s.n * s.l;
+
+  visit_floating(x.dtype(), "batch_norm_backward", [&]<class T>() {
+    using C = compute_t<T>;
+    const T* xs = x.data_ptr<T>();
+    const T* gs = grad.data_ptr<T>();
+    T* dxs = out[0].data_ptr<T>();
+    parallel_for(s.c, grain_for(count), [&](int64_t b, int64_t e) {
+      for (int64_t c = b; c < e; ++c) {
+        const double m = mean[c];
+        double sum_dy = 0, sum_dy_xmu = 0;
+        for (int64_t n = 0; n < s.n; ++n) {
+          const T* xp = xs + (n * s.c + c) * s.l;
+          const T* gp = gs + (n * s.c + c) * s.l;
+          sum_dy += accumulate(s.l, [gp](int64_t i) { return to_double(gp[i]); });
+          sum_dy_xmu += accumulate(
+              s.l, [xp, gp, m](int64_t i) { return to_double(gp[i]) * (to_double(xp[i]) - m); });
+        }
+        grad_bias[c] = sum_dy;
+        grad_weight[c] = sum_dy_xmu * invstd[c];
+        // dx = w invstd (dy - mean(dy) - xhat mean(dy xhat)) with batch statistics, which
+        // depend on x; with running statistics, only the first term remains.
+        const double k =
+            training ? sum_dy_xmu * invstd[c] * invstd[c] / static_cast<double>(count) : 0.0;
+        const double mean_dy = training ? sum_dy / static_cast<double>(count) : 0.0;
+        const C scale = static_cast<C>(weight[c] * invstd[c]);
+        const C kc = static_cast<C>(k), mc = static_cast<C>(m), dc = static_cast<C>(mean_dy);
+        for (int64_t n = 0; n < s.n; ++n) {
+          const T* xp = xs + (n * s.c + c) * s.l;
+          const T* gp = gs + (n * s.c + c) * s.l;
+          T* dp = dxs + (n * s.c + c) * s.l;
+          for (int64_t i = 0; i < s.l; ++i) {
+            const C dy = static_cast<C>(gp[i]), xmu = static_cast<C>(xp[i]) - mc;
+            dp[i] = static_cast<T>((dy - dc - xmu * kc) * scale);
+          }
+        }
+      }
+    });
+  });
+  write_values(out[1], grad_weight);
+  write_values(out[2], grad_bias);
+}
+
+void layer_norm(Span in, Span out, const Attrs& attrs) {
+  const double eps = attrs.has("eps") ? attrs.f("eps") : 1e-5;
+  const Tensor x = in[0].contiguous();
+  const int64_t k = numel_of(attrs.ints("normalized_shape"));
+  const int64_t rows = k ? x.numel() / k : 0;
+  visit_floating(x.dtype(), "layer_norm", [&]<class T>() {
+    using C = compute_t<T>;
+    using S = std::conditional_t<std::is_same_v<T, double>, double, float>;
+    static_assert(std::is_same_v<C, S>);
+    const Tensor w = in[1].defined() ? in_compute_dtype(in[1], x.dtype()) : Tensor();
+    const Tensor bias = in[2].defined() ? in_compute_dtype(in[2], x.dtype()) : Tensor();
+    const C* wp = w.defined() ? w.data_ptr<C>() : nullptr;
+    const C* bp = bias.defined() ? bias.data_ptr<C>() : nullptr;
+    const T* xs = x.data_ptr<T>();
+    T* ys = out[0].data_ptr<T>();
+    S* means = out[1].data_ptr<S>();
+    S* rstds = out[2].data_ptr<S>();
+    parallel_for(rows, grain_for(k), [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r) {
+        const T* p = xs + r * k;
+        T* q = ys + r * k;
+        const double m =
+            accumulate(k, [p](int64_t i) { return to_double(p[i]); }) / static_cast<double>(k);
+        const double var = accumulate(k,
+                                      [p, m](int64_t i) {
+                                        const double d = to_double(p[i]) - m;
+                                        return d * d;
+                                      }) /
+                           static_cast<double>(k);
+        const double rs = 1.0 / std::sqrt(var + eps);
+        means[r] = static_cast<S>(m);
+        rstds[r] = static_cast<S>(rs);
+        const C mc = static_cast<C>(m), rc = static_cast<C>(rs);
+        if (wp && bp) {
+          for (int64_t i = 0; i < k; ++i)
+            q[i] = static_cast<T>((static_cast<C>(p[i]) - mc) * rc * wp[i] + bp[i]);
+        } else if (wp) {
+          for (int64_t i = 0; i < k; ++i)
+            q[i] = static_cast<T>((static_cast<C>(p[i]) - mc) * rc * wp[i]);
+        } else if (bp) {
+          for (int64_t i = 0; i < k; ++i)
+            q[i] = static_cast<T>((static_cast<C>(p[i]) - mc) * rc + bp[i]);
+        } else {
+          for (int64_t i = 0; i < k; ++i) q[i] = static_cast<T>((static_cast<C>(p[i]) - mc) * rc);
+        }
+      }
+    });
+  });
+}
+
+void layer_norm_backward(Span in, Span out, const Attrs& attrs) {
+  const Tensor x = in[1].contiguous();
+  const Tensor grad = as_dtype(in[0], x.dtype()).contiguous();
+  const int64_t k = numel_of(attrs.ints("normalized_shape"));
+  const int64_t rows = k ? x.numel() / k : 0;
+  const Tensor mean = in_compute_dtype(in[2], x.dtype()), rstd = in_compute_dtype(in[3], x.dtype());
+  // Each thread sums grad_weight and grad_bias over its rows; the partial sums are added in
+  // row order afterwards, so the result does not depend on thread timing.
+  std::mutex partials_mutex;
+  std::vector<std::pair<int64_t, std::vector<double>>> partials;
+  visit_floating(x.dtype(), "layer_norm_backward", [&]<class T>() {
+    using C = compute_t<T>;
+    const Tensor w = in[4].defined() ? in_compute_dtype(in[4], x.dtype()) : Tensor();
+    const C* wp = w.defined() ? w.data_ptr<C>() : nullptr;
+    const C* ms = mean.data_ptr<C>();
+    const C* rs = rstd.data_ptr<C>();
+    const T* xs = x.data_ptr<T>();
+    const T* gs = grad.data_ptr<T>();
+    T* dxs = out[0].data_ptr<T>();
+    parallel_for(rows, grain_for(k), [&](int64_t b, int64_t e) {
+      std::vector<double> sums(static_cast<size_t>(2 * k), 0.0);  // grad_weight, grad_bias
+      double* dw = sums.data();
+      double* db = sums.data() + k;
+      std::vector<C> xhat(static_cast<size_t>(k)), gw(static_cast<size_t>(k));
+      for (int64_t r = b; r < e; ++r) {
+        const T* xp = xs + r * k;
+        const T* gp = gs + r * k;
+        T* dp = dxs + r * k;
+        const C m = ms[r], rstd_r = rs[r];
+        for (int64_t i = 0; i < k; ++i) {
+          xhat[i] = (static_cast<C>(xp[i]) - m) * rstd_r;
+          gw[i] = wp ? static_cast<C>(gp[i]) * wp[i] : static_cast<C>(gp[i]);
+        }
+        for (int64_t i = 0; i < k; ++i) {
+          const double dy = to_double(gp[i]);
+          dw[i] += dy * static_cast<double>(xhat[i]);
+          db[i] += dy;
+        }
+        // dx = rstd (g - mean(g) - xhat mean(g xhat)), g = dy * w
+        const double mean_g = accumulate(k, [&](int64_t i) { return static_cast<double>(gw[i]); }) /
+                              static_cast<double>(k);
+        const double mean_gx =
+            accumulate(k,
+                       [&](int64_t i) {
+                         return static_cast<double>(gw[i]) * static_cast<double>(xhat[i]);
+                       }) /
+            static_cast<double>(k);
+        const C a = static_cast<C>(mean_g), c = static_cast<C>(mean_gx);
+        for (int64_t i = 0; i < k; ++i) dp[i] = static_cast<T>(rstd_r * (gw[i] - a - xhat[i] * c));
+      }
+      std::lock_guard lock(partials_mutex);
+      partials.emplace_back(b, std::move(sums));
+    });
+  });
+  std::sort(partials.begin(), partials.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<double> grad_weight(static_cast<size_t>(k), 0.0),
+      grad_bias(static_cast<size_t>(k), 0.0);
+  for (const auto& [begin, sums] : partials) {
+    for (int64_t i = 0; i < k; ++i) {
+      grad_weight[i] += sums[i];
+      grad_bias[i] += sums[k + i];
+    }
+  }
+  write_values(out[1].view({k}), grad_weight);
+  write_values(out[2].view({k}), grad_bias);
+}
+
+struct Registrar {
+  Registrar() {
+    constexpr auto cpu = DeviceType::cpu;
+    register_kernel("batch_norm", cpu, batch_norm);
+    register_kernel("batch_norm_backward", cpu, batch_norm_backward);
+    register_kernel("layer_norm", cpu, layer_norm);
+    register_kernel("layer_norm_backward", cpu, layer_norm_backward);
+  }
+} registrar;
+
+}  // namespace
+}  // namespace kiln::cpu
