@@ -29,13 +29,6 @@ void check_count(std::span<const TensorMeta> in, size_t n, const char* op) {
              n, in.size());
 }
 
-// The running statistics of batch_norm are present when defined and not the empty [0]
-// placeholder that stands for "none" (the dispatcher bumps the version of every mutated
-// input, so they can't be undefined).
-bool running_stat_present(const TensorMeta& m, int64_t channels) {
-  return !(m.shape == Shape{0} && channels != 0);
-}
-
 // (input, weight?, bias?, running_mean, running_var) -> (out, save_mean, save_invstd)
 std::vector<TensorMeta> infer_batch_norm(std::span<const TensorMeta> in, const Attrs& a) {
   constexpr const char* op = "batch_norm";
@@ -50,12 +43,8 @@ std::vector<TensorMeta> infer_batch_norm(std::span<const TensorMeta> in, const A
   const Shape per_channel{channels};
   check_param(in[1], per_channel, "weight", in, op);
   check_param(in[2], per_channel, "bias", in, op);
-  KILN_CHECK(in[3].defined && in[4].defined,
-             "{}: running_mean and running_var must be tensors: pass an empty [0] tensor for "
-             "none ({})",
-             op, metas_str(in));
-  const bool has_mean = running_stat_present(in[3], channels);
-  const bool has_var = running_stat_present(in[4], channels);
+  const bool has_mean = in[3].defined;
+  const bool has_var = in[4].defined;
   KILN_CHECK(has_mean == has_var, "{}: give both running_mean and running_var or neither ({})", op,
              metas_str(in));
   KILN_CHECK(training || has_mean,
@@ -162,19 +151,13 @@ std::vector<TensorMeta> infer_layer_norm_backward(std::span<const TensorMeta> in
 const OpDef& kLayerNormBackward =
     define_op({.name = "layer_norm_backward", .infer = infer_layer_norm_backward});
 
-Tensor or_placeholder(const Tensor& t, const Tensor& input) {
-  if (t.defined() || !input.defined()) return t;
-  return empty({0}, {.device = input.device()});
-}
-
 }  // namespace
 
 BatchNormResult batch_norm_with_stats(const Tensor& input, const Tensor& weight, const Tensor& bias,
                                       const Tensor& running_mean, const Tensor& running_var,
                                       bool training, double momentum, double eps) {
   std::vector<Tensor> out = call_op(kBatchNorm,
-                                    {input, weight, bias, or_placeholder(running_mean, input),
-                                     or_placeholder(running_var, input)},
+                                    {input, weight, bias, running_mean, running_var},
                                     {{"training", training}, {"momentum", momentum}, {"eps", eps}});
   return {out[0], out[1], out[2]};
 }

@@ -77,7 +77,7 @@ void batch_norm(Span in, Span out, const Attrs& attrs) {
   const double eps = attrs.has("eps") ? attrs.f("eps") : 1e-5;
   const Tensor x = in[0].contiguous();
   const ChannelLayout s = channel_layout(x);
-  const bool has_running = in[3].numel() != 0 || s.c == 0;
+  const bool has_running = in[3].defined();
   const std::vector<double> weight = read_values(in[1], s.c, 1.0),
                             bias = read_values(in[2], s.c, 0.0);
   std::vector<double> mean(static_cast<size_t>(s.c)), invstd(static_cast<size_t>(s.c));
