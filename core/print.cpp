@@ -1,5 +1,7 @@
 // Tensor printing in the style of PyTorch's repr: aligned columns, "1." for whole floats,
-// scientific notation when magnitudes spread widely, "..." when the tensor is large.
+// scientific notation when magnitudes spread widely, "..." when the tensor is large, rows
+// wrapped at 80 columns.
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -11,6 +13,7 @@ namespace {
 
 constexpr int64_t kThreshold = 1000;  // summarize above this many elements
 constexpr int64_t kEdgeItems = 3;
+constexpr int64_t kLineWidth = 80;  // vectors wrap to stay within this many columns
 
 struct Formatter {
   enum class Mode { integer, whole_float, fixed, scientific, boolean } mode;
@@ -33,27 +36,31 @@ struct Formatter {
   }
 };
 
+// `values` are the elements that will be printed (the edges only, when summarizing).
 Formatter make_formatter(const std::vector<double>& values, DType dtype) {
   Formatter f;
-  if (dtype == DType::boolean) f.mode = Formatter::Mode::boolean;
-  else if (!is_floating(dtype)) f.mode = Formatter::Mode::integer;
-  else {
-    bool whole = true;
-    double max_abs = 0, min_abs = INFINITY;
-    for (double v : values) {
-      if (!std::isfinite(v)) continue;
-      whole = whole && std::nearbyint(v) == v;
-      const double a = std::fabs(v);
-      if (a == 0) continue;
-      max_abs = std::max(max_abs, a);
-      min_abs = std::min(min_abs, a);
-    }
-    if (whole) f.mode = max_abs > 1e8 ? Formatter::Mode::scientific : Formatter::Mode::whole_float;
-    else if (max_abs > 1e8 || min_abs < 1e-4 || max_abs / min_abs > 1000)
-      f.mode = Formatter::Mode::scientific;
-    else f.mode = Formatter::Mode::fixed;
+  if (!is_floating(dtype)) {
+    f.mode = dtype == DType::boolean ? Formatter::Mode::boolean : Formatter::Mode::integer;
+    for (double v : values) f.width = std::max(f.width, f.one(v).size());
+    return f;
   }
-  for (double v : values) f.width = std::max(f.width, f.one(v).size());
+  // As in PyTorch, only the nonzero finite values choose the mode and the width.
+  bool whole = true, any = false;
+  double max_abs = 0, min_abs = INFINITY;
+  for (double v : values) {
+    if (!std::isfinite(v) || v == 0) continue;
+    any = true;
+    whole = whole && std::nearbyint(v) == v;
+    max_abs = std::max(max_abs, std::fabs(v));
+    min_abs = std::min(min_abs, std::fabs(v));
+  }
+  f.mode = Formatter::Mode::whole_float;
+  if (!any) return f;
+  const bool wide = max_abs / min_abs > 1000 || max_abs > 1e8;
+  if (whole) f.mode = wide ? Formatter::Mode::scientific : Formatter::Mode::whole_float;
+  else f.mode = wide || min_abs < 1e-4 ? Formatter::Mode::scientific : Formatter::Mode::fixed;
+  for (double v : values)
+    if (std::isfinite(v) && v != 0) f.width = std::max(f.width, f.one(v).size());
   return f;
 }
 
@@ -61,27 +68,59 @@ struct Printer {
   const std::vector<double>& values;
   const Shape& shape;
   Shape strides;
-  Formatter f;
   bool summarize;
 
-  void row(std::string& out, int64_t dim, int64_t offset, size_t indent) const {
-    if (dim == static_cast<int64_t>(shape.size())) {
+  int64_t ndim() const { return static_cast<int64_t>(shape.size()); }
+  bool elided(int64_t dim) const { return summarize && shape[dim] > 2 * kEdgeItems; }
+
+  // The elements that will be printed, in order.
+  void collect(std::vector<double>& out, int64_t dim, int64_t offset) const {
+    if (dim == ndim()) {
+      out.push_back(values[offset]);
+      return;
+    }
+    for (int64_t i = 0; i < shape[dim]; ++i) {
+      if (elided(dim) && i == kEdgeItems) i = shape[dim] - kEdgeItems;
+      collect(out, dim + 1, offset + i * strides[dim]);
+    }
+  }
+
+  void row(std::string& out, const Formatter& f, int64_t dim, int64_t offset,
+           int64_t indent) const {
+    if (dim == ndim()) {
       out += f.padded(values[offset]);
       return;
     }
     const int64_t n = shape[dim];
-    const bool last = dim + 1 == static_cast<int64_t>(shape.size());
-    std::string sep = ",";
-    if (last) sep += ' ';
-    else sep.append(shape.size() - dim - 1, '\n').append(indent + 1, ' ');
     out += "[";
+    if (dim + 1 == ndim()) {
+      std::vector<std::string> items;
+      for (int64_t i = 0; i < n; ++i) {
+        if (elided(dim) && i == kEdgeItems) {
+          items.push_back(" ...");
+          i = n - kEdgeItems;
+        }
+        items.push_back(f.padded(values[offset + i * strides[dim]]));
+      }
+      const int64_t item_width = static_cast<int64_t>(f.width) + 2;  // with ", "
+      const auto per_line =
+          static_cast<size_t>(std::max<int64_t>(1, (kLineWidth - indent) / item_width));
+      for (size_t k = 0; k < items.size(); ++k) {
+        if (k > 0) out += k % per_line == 0 ? ",\n" + std::string(indent + 1, ' ') : ", ";
+        out += items[k];
+      }
+      out += "]";
+      return;
+    }
+    std::string sep = ",";
+    sep.append(static_cast<size_t>(ndim() - dim - 1), '\n').append(indent + 1, ' ');
     for (int64_t i = 0; i < n; ++i) {
-      if (summarize && n > 2 * kEdgeItems && i == kEdgeItems) {
+      if (elided(dim) && i == kEdgeItems) {
         out += "...";
         out += sep;
         i = n - kEdgeItems;
       }
-      row(out, dim + 1, offset + i * strides[dim], indent + 1);
+      row(out, f, dim + 1, offset + i * strides[dim], indent + 1);
       if (i + 1 < n) out += sep;
     }
     out += "]";
@@ -102,15 +141,17 @@ std::string Tensor::str() const {
   if (numel() == 0) {
     out += "[]";
   } else {
-    const bool summarize = numel() > kThreshold;
-    Formatter f = make_formatter(values, dtype());
-    Printer p{values, shape(), contiguous_strides(shape()), f, summarize};
-    p.row(out, 0, 0, 7);
+    Printer p{values, shape(), contiguous_strides(shape()), numel() > kThreshold};
+    std::vector<double> shown;
+    p.collect(shown, 0, 0);
+    p.row(out, make_formatter(shown, dtype()), 0, 0, static_cast<int64_t>(out.size()));
   }
   if (numel() == 0 && dim() != 1) out += ", size=" + shape_str(shape());
   if (!device().is_cpu()) out += fmt::format(", device='{}'", device());
-  if (dtype() != DType::f32 && dtype() != DType::i64 && dtype() != DType::boolean)
-    out += fmt::format(", dtype={}", dtype());
+  // An empty tensor shows any dtype but the default; others hide i64 and bool too.
+  const bool implied = dtype() == DType::f32 ||
+                       (numel() > 0 && (dtype() == DType::i64 || dtype() == DType::boolean));
+  if (!implied) out += fmt::format(", dtype={}", dtype());
   return out + ")";
 }
 

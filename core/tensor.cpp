@@ -35,6 +35,7 @@ int64_t Tensor::size(int64_t d) const { return impl_->shape[wrap_dim(d, dim(), "
 int64_t Tensor::stride(int64_t d) const { return impl_->strides[wrap_dim(d, dim(), "stride")]; }
 
 bool Tensor::is_contiguous() const {
+  if (numel() == 0) return true;  // as in PyTorch: nothing to lay out
   int64_t expected = 1;
   for (size_t i = impl_->shape.size(); i-- > 0;) {
     if (impl_->shape[i] == 1) continue;

@@ -48,6 +48,11 @@ KILN_HD double uniform_f64(const Block& b) {
       (static_cast<unsigned long long>(b.v[0]) << 21) ^ (static_cast<unsigned long long>(b.v[1]) >> 11);
   return static_cast<double>(bits & ((1ull << 53) - 1)) * 1.1102230246251565e-16;
 }
+// Uniform in [0, 1) on `digits` random bits, for the 16-bit floats (11 for f16, 8 for
+// bf16, as PyTorch does): a 24-bit uniform would round up to 1 when stored in them.
+KILN_HD float uniform_digits(const Block& b, int digits) {
+  return static_cast<float>(b.v[0] >> (32 - digits)) / static_cast<float>(1u << digits);
+}
 // Uniform in (0, 1]: safe to take the log of.
 KILN_HD float open_uniform_f32(unsigned int w) { return (static_cast<float>(w >> 8) + 1.0f) * 5.9604644775390625e-08f; }
 KILN_HD double open_uniform_f64(unsigned int hi, unsigned int lo) {

@@ -49,9 +49,10 @@ void linspace(Span, Span out, const Attrs& a) {
   const int64_t n = out[0].numel();
   const double step = n > 1 ? (end - start) / static_cast<double>(n - 1) : 0.0;
   visit_dtype(out[0].dtype(), [&]<class T>() {
-    // Like PyTorch: the second half counts back from the end, so both ends are exact.
+    // Like PyTorch: the second half counts back from the end, so both ends are exact; a
+    // single step is `start`.
     generate<T>(out[0], [=](int64_t i) {
-      const double v = i < n / 2 ? start + step * static_cast<double>(i)
+      const double v = i < n / 2 || n == 1 ? start + step * static_cast<double>(i)
                                  : end - step * static_cast<double>(n - 1 - i);
       if constexpr (std::is_integral_v<T>) return static_cast<T>(v);
       else return static_cast<compute_t<T>>(v);
@@ -73,8 +74,13 @@ void uniform(Span, Span out, const Attrs& a) {
     using C = compute_t<T>;
     generate<T>(out[0], [=](int64_t i) {
       const philox::Block b = philox::random4(seed, offset + static_cast<uint64_t>(i));
-      if constexpr (std::is_same_v<C, double>) return low + (high - low) * philox::uniform_f64(b);
-      else return static_cast<float>(low) + static_cast<float>(high - low) * philox::uniform_f32(b);
+      if constexpr (std::is_same_v<C, double>) {
+        return low + (high - low) * philox::uniform_f64(b);
+      } else {
+        const int digits = std::is_same_v<T, float> ? 24 : std::is_same_v<T, Half> ? 11 : 8;
+        const float u = digits == 24 ? philox::uniform_f32(b) : philox::uniform_digits(b, digits);
+        return static_cast<float>(low) + static_cast<float>(high - low) * u;
+      }
     });
   });
 }
