@@ -72,6 +72,12 @@ KILN_HD double normal_f64(const Block& b) {
   return ::sqrt(-2.0 * ::log(u1)) * ::cos(6.283185307179586 * u2);
 }
 
+// Dropout's rule (core/ops/dropout.h): element i is kept when its uniform is >= p.
+KILN_HD bool dropout_keep(unsigned long long seed, unsigned long long offset, unsigned long long i,
+                          float p) {
+  return uniform_f32(random4(seed, offset + i)) >= p;
+}
+
 // 64 random bits, for integers.
 KILN_HD unsigned long long bits64(const Block& b) {
   return (static_cast<unsigned long long>(b.v[0]) << 32) | b.v[1];

@@ -4,8 +4,8 @@
 // follows exactly:
 //
 //   for the element at row-major (logical) position i of x, whatever x's strides,
-//     u_i    = philox::uniform_f32(philox::random4(seed, offset + i))   // kernels/philox.h
-//     keep_i = u_i >= static_cast<float>(p)                              // compared in float
+//     keep_i = philox::dropout_keep(seed, offset, i, float(p))  // kernels/philox.h:
+//              uniform_f32(random4(seed, offset + i)) >= p, compared in float
 //     mask_i = keep_i                                                    // bool
 //     out_i  = x_i * (keep_i ? scale : 0)  in x's compute type (f32 for f16/bf16), where
 //     scale  = dropout_scale(p) = p < 1 ? 1 / (1 - p) : 0, computed in double

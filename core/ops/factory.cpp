@@ -130,7 +130,7 @@ Tensor& normal_(Tensor& t, double mean, double std, Generator* g) {
 
 template <class T>
 Tensor from_vector(const std::vector<T>& values, Shape shape, TensorOptions o) {
-  if (shape.empty() && values.size() != 1) shape = {static_cast<int64_t>(values.size())};
+  if (shape.empty()) shape = {static_cast<int64_t>(values.size())};
   KILN_CHECK(numel_of(shape) == static_cast<int64_t>(values.size()),
              "from_vector: {} values do not fill shape {}", values.size(), shape_str(shape));
   Tensor t = make_tensor(shape, dtype_v<T>);

@@ -34,8 +34,7 @@ void dropout(Span in, Span out, const Attrs& a) {
     // Philox is about ten multiplies per element: a smaller grain than plain copies.
     parallel_for(n, kGrain / 8, [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i) {
-        const philox::Block r = philox::random4(seed, offset + static_cast<uint64_t>(i));
-        const bool kept = philox::uniform_f32(r) >= threshold;
+        const bool kept = philox::dropout_keep(seed, offset, static_cast<uint64_t>(i), threshold);
         keep[i] = kept;
         // x * 0 rather than 0, so NaN and inf stay visible, as in PyTorch.
         dst[i] = static_cast<T>(static_cast<C>(src[i]) * (kept ? scale : C(0)));

@@ -144,7 +144,7 @@ TEST_CASE("f16 conversion rounds to nearest even", "[dtype]") {
   CHECK(Half(-2.0f).bits == 0xc000);
 }
 
-TEST_CASE("f16 subnormals, range limits and special values", "[dtype]") {
+TEST_CASE("f16 subnormals / range limits and special values", "[dtype]") {
   const float tiny = std::ldexp(1.0f, -24);  // the smallest f16 subnormal
   CHECK(Half(tiny).bits == 0x0001);
   CHECK(f16_round(tiny) == tiny);

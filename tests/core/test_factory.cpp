@@ -22,7 +22,7 @@ double std_of(const std::vector<double>& v) {
 
 }  // namespace
 
-TEST_CASE("empty, zeros, ones and full", "[factory]") {
+TEST_CASE("empty / zeros / ones and full", "[factory]") {
   Tensor e = empty({2, 3}, {.dtype = DType::i32});
   CHECK(e.shape() == Shape{2, 3});
   CHECK(e.dtype() == DType::i32);
@@ -45,7 +45,7 @@ TEST_CASE("empty, zeros, ones and full", "[factory]") {
   CHECK_THROWS_WITH(zeros({2, -3}), Catch::Contains("negative size in [2,-3]"));
 }
 
-TEST_CASE("arange: ints, floats, negative steps and errors", "[factory]") {
+TEST_CASE("arange: ints / floats / negative steps and errors", "[factory]") {
   Tensor a = arange(5);
   CHECK(a.dtype() == DType::i64);
   CHECK(values(a) == std::vector<double>{0, 1, 2, 3, 4});
@@ -90,7 +90,7 @@ TEST_CASE("linspace hits both ends exactly", "[factory]") {
   CHECK_THROWS_WITH(linspace(0, 1, -1), Catch::Contains("linspace"));
 }
 
-TEST_CASE("eye, square and rectangular", "[factory]") {
+TEST_CASE("eye / square and rectangular", "[factory]") {
   CHECK(values(eye(3)) == std::vector<double>{1, 0, 0, 0, 1, 0, 0, 0, 1});
   Tensor r = eye(2, 4);
   CHECK(r.shape() == Shape{2, 4});
@@ -103,7 +103,7 @@ TEST_CASE("eye, square and rectangular", "[factory]") {
   CHECK_THROWS_WITH(eye(2, -1), Catch::Contains("eye"));
 }
 
-TEST_CASE("rand is in [0, 1) with mean 1/2", "[factory]") {
+TEST_CASE("rand is in (0 / 1) with mean 1/2", "[factory]") {
   manual_seed(1234);
   for (DType dtype : kFloatDTypes) {
     INFO(name(dtype));
@@ -151,7 +151,7 @@ TEST_CASE("randn has mean 0 and std 1", "[factory]") {
                     Catch::Contains("randn: dtype must be floating"));
 }
 
-TEST_CASE("randint stays in [low, high) and covers it", "[factory]") {
+TEST_CASE("randint stays in (low / high) and covers it", "[factory]") {
   manual_seed(7);
   Tensor r = randint(-3, 4, {5000});
   CHECK(r.dtype() == DType::i64);
@@ -166,7 +166,7 @@ TEST_CASE("randint stays in [low, high) and covers it", "[factory]") {
   CHECK_THROWS_WITH(randint(5, 5, {2}), Catch::Contains("randint: low 5 must be less than high 5"));
 }
 
-TEST_CASE("_like forms keep shape, dtype and device; options override", "[factory]") {
+TEST_CASE("_like forms keep shape / dtype and device / options override", "[factory]") {
   Tensor x = arange(6, {.dtype = DType::i32}).view({2, 3}).t();
   Tensor z = zeros_like(x);
   CHECK(z.shape() == Shape{3, 2});

@@ -44,7 +44,7 @@ using Names = std::vector<std::string>;
 
 }  // namespace
 
-TEST_CASE("the hook sees a top-level op with inputs, attrs and outputs", "[hook]") {
+TEST_CASE("the hook sees a top-level op with inputs / attrs and outputs", "[hook]") {
   Tensor a = ones({2, 3});
   Tensor b = ones({3});
   Recorder r;

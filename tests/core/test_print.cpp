@@ -18,7 +18,7 @@ Tensor f32s(std::vector<float> v, Shape shape = {}) {
 
 }  // namespace
 
-TEST_CASE("print floats: whole, fixed, aligned", "[print]") {
+TEST_CASE("print floats: whole / fixed / aligned", "[print]") {
   CHECK(f32s({1, 2, 3}).str() == "tensor([1., 2., 3.])");
   CHECK(f32s({0.5, -1.25, 3, 4}, {2, 2}).str() ==
         "tensor([[ 0.5000, -1.2500],\n"
@@ -51,7 +51,7 @@ TEST_CASE("print 0-d tensors", "[print]") {
   CHECK(scalar_tensor(1e-6, DType::f32).str() == "tensor(1.0000e-06)");
 }
 
-TEST_CASE("print ints, bools and dtype suffixes", "[print]") {
+TEST_CASE("print ints / bools and dtype suffixes", "[print]") {
   CHECK(from_vector<int64_t>({1, -20, 300}).str() == "tensor([  1, -20, 300])");
   CHECK(from_vector<bool>({true, false, true}).str() == "tensor([ True, False,  True])");
   CHECK(from_vector<double>({1.5, 2}).str() == "tensor([1.5000, 2.0000], dtype=f64)");

@@ -6,7 +6,7 @@
 using namespace kiln;
 using namespace kiln::testing;
 
-TEST_CASE("arange, reshape and broadcasting add", "[core]") {
+TEST_CASE("arange / reshape and broadcasting add", "[core]") {
   Tensor a = arange(6, {.dtype = DType::f32}).reshape({2, 3});
   Tensor b = from_vector<float>({10, 20, 30});
   KILN_CHECK_EQUAL(a + b, tensor_of({10, 21, 32, 13, 24, 35}, {2, 3}));
@@ -124,8 +124,9 @@ TEST_CASE("from_vector copies values into the given shape", "[core]") {
   CHECK(at(t, {0, 0}) == 1);
   CHECK(from_vector<float>({1, 2, 3}).shape() == Shape{3});
   CHECK(from_vector<float>({4}, {1}).shape() == Shape{1});
-  // One value and no shape gives a 0-d tensor (Shape{} means both "default" and "0-d").
-  CHECK(from_vector<float>({4}).dim() == 0);
+  // No shape means [values.size()], as torch.tensor([4.]) has shape [1]; 0-d tensors come
+  // from scalar_tensor.
+  CHECK(from_vector<float>({4}).shape() == Shape{1});
   CHECK(from_vector<bool>({true, false, true}).dtype() == DType::boolean);
   CHECK(values(from_vector<bool>({true, false, true})) == std::vector<double>{1, 0, 1});
   Tensor h = from_vector<int32_t>({1, 2}, {}, {.dtype = DType::f16, .requires_grad = true});

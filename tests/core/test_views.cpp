@@ -35,7 +35,7 @@ TEST_CASE("view shares storage and infers -1", "[view]") {
   CHECK_THROWS_AS(x.view({13}), Error);
 }
 
-TEST_CASE("view of a non-contiguous tensor: splits work, merges across gaps fail", "[view]") {
+TEST_CASE("view of a non-contiguous tensor: splits work / merges across gaps fail", "[view]") {
   Tensor x = iota({4, 6});
   Tensor cols = x.slice(1, 0, 3);  // [4,3] strides [6,1]
   Tensor split = cols.view({2, 2, 3});
@@ -55,7 +55,7 @@ TEST_CASE("view of a non-contiguous tensor: splits work, merges across gaps fail
   CHECK(shares(cols.reshape({2, 2, 3}), x));
 }
 
-TEST_CASE("permute, transpose and t", "[view]") {
+TEST_CASE("permute / transpose and t", "[view]") {
   Tensor x = iota({2, 3, 4});
   Tensor p = x.permute({2, 0, 1});
   CHECK(p.shape() == Shape{4, 2, 3});
@@ -138,7 +138,7 @@ TEST_CASE("expand and broadcast_to", "[view]") {
   CHECK_THROWS_WITH(c.broadcast_to({-1, 3, 2}), Catch::Contains("-1 is not allowed"));
 }
 
-TEST_CASE("squeeze, unsqueeze, flatten and unflatten", "[view]") {
+TEST_CASE("squeeze / unsqueeze / flatten and unflatten", "[view]") {
   Tensor x = iota({1, 3, 1, 2});
   CHECK(x.squeeze().shape() == Shape{3, 2});
   CHECK(x.squeeze(2).shape() == Shape{1, 3, 2});
@@ -262,7 +262,7 @@ Shape random_factorization(int64_t numel, std::mt19937& rng) {
 
 }  // namespace
 
-TEST_CASE("view succeeds exactly when strides exist, and reshape agrees", "[view]") {
+TEST_CASE("view succeeds exactly when strides exist / and reshape agrees", "[view]") {
   std::mt19937 rng(12345);
   auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
   int viewable = 0, not_viewable = 0;

@@ -68,7 +68,7 @@ TEST_CASE("dropout keeps 1 - p of the elements and preserves the mean", "[index]
   CHECK(std::fabs(mean - 1.0) < 0.02);
 }
 
-TEST_CASE("dropout's edge cases: p = 0, p = 1, eval mode, NaN", "[index][dropout]") {
+TEST_CASE("dropout's edge cases: p = 0 / p = 1 / eval mode / NaN", "[index][dropout]") {
   const Tensor x = randn({4, 5}, {.dtype = DType::f64});
   KILN_CHECK_EQUAL(dropout(x, 0.0), x);
   auto [zero, none] = dropout_with_mask(x, 1.0);

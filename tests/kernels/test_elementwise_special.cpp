@@ -43,7 +43,7 @@ TEST_CASE("where selects with broadcasting and promotes its branches", "[element
                     Catch::Contains("where") && Catch::Contains("[3]"));
 }
 
-TEST_CASE("clamp with min only, max only, both, and promoting bounds", "[elementwise]") {
+TEST_CASE("clamp with min only / max only / both / and promoting bounds", "[elementwise]") {
   const Tensor x = f32s({-2, -0.5, 0, 0.5, 2});
   CHECK(values(clamp(x, -1, std::nullopt)) == std::vector<double>{-1, -0.5, 0, 0.5, 2});
   CHECK(values(clamp(x, std::nullopt, 1)) == std::vector<double>{-2, -0.5, 0, 0.5, 1});
@@ -102,7 +102,7 @@ TEST_CASE("gelu both forms and softplus's threshold", "[elementwise]") {
   CHECK(softplus(from_vector<int32_t>({1})).dtype() == DType::f32);
 }
 
-TEST_CASE("NaN propagates through maximum, minimum, relu and clamp", "[elementwise]") {
+TEST_CASE("NaN propagates through maximum / minimum / relu and clamp", "[elementwise]") {
   for (DType dtype : kFloatDTypes) {
     INFO(name(dtype));
     const Tensor a = f32s({NAN, 1, NAN, -1}).to(dtype), b = f32s({1, NAN, NAN, 2}).to(dtype);

@@ -119,7 +119,7 @@ TEST_CASE("scatter_add rejects bad input", "[index][indexing]") {
                     Catch::Contains("scatter_add"));
 }
 
-TEST_CASE("gather, scatter_add and index_select split large work across threads",
+TEST_CASE("gather / scatter_add and index_select split large work across threads",
           "[index][indexing]") {
   // 96 lines of 700: above the parallel grain, so threads share the lines.
   const Tensor x = randn({96, 700});
@@ -179,7 +179,7 @@ TEST_CASE("index_select rejects bad input", "[index][indexing]") {
                     Catch::Contains("index_select") && Catch::Contains("f32[1] cpu"));
 }
 
-TEST_CASE("embedding looks up rows; embedding_backward sums them", "[index][indexing]") {
+TEST_CASE("embedding looks up rows / embedding_backward sums them", "[index][indexing]") {
   const DType dtype = GENERATE(from_range(kFloatDTypes));
   CAPTURE(dtype);
   const Tensor weight = sample({5, 3}, dtype);
@@ -245,7 +245,7 @@ TEST_CASE("embedding rejects bad input", "[index][indexing]") {
       Catch::Contains("embedding_backward"));
 }
 
-TEST_CASE("one_hot encodes classes, inferring their number", "[index][indexing]") {
+TEST_CASE("one_hot encodes classes / inferring their number", "[index][indexing]") {
   const Tensor idx = from_vector<int64_t>({2, 0, 1, 2}, {2, 2});
   const Tensor r = one_hot(idx);
   CHECK(r.dtype() == DType::i64);
@@ -309,7 +309,7 @@ TEST_CASE("tril and triu keep a triangle of the last two dims", "[index][indexin
   CHECK_THROWS_WITH(triu(zeros({}), 0), Catch::Contains("triu"));
 }
 
-TEST_CASE("cumsum sums along dim; integers give i64", "[index][indexing]") {
+TEST_CASE("cumsum sums along dim / integers give i64", "[index][indexing]") {
   const DType dtype = GENERATE(from_range(kAllDTypes));
   CAPTURE(dtype);
   const Tensor x = sample({3, 4, 5}, dtype);
@@ -375,7 +375,7 @@ std::pair<Tensor, Tensor> reference_sort(const Tensor& x, int64_t dim, int64_t k
 
 }  // namespace
 
-TEST_CASE("sort and topk order lines stably, with positions", "[index][indexing]") {
+TEST_CASE("sort and topk order lines stably / with positions", "[index][indexing]") {
   const DType dtype = GENERATE(from_range(kAllDTypes));
   CAPTURE(dtype);
   const Tensor x = sample({3, 6, 4}, dtype, 2);  // values repeat: ties must stay in order
@@ -400,7 +400,7 @@ TEST_CASE("sort and topk order lines stably, with positions", "[index][indexing]
   }
 }
 
-TEST_CASE("sort and topk put NaN first when descending, last when ascending", "[index][indexing]") {
+TEST_CASE("sort and topk put NaN first when descending / last when ascending", "[index][indexing]") {
   const double nan = std::nan("");
   const DType dtype = GENERATE(DType::f32, DType::f64, DType::f16, DType::bf16);
   CAPTURE(dtype);

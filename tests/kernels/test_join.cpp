@@ -165,7 +165,7 @@ Tensor reference_pad(const Tensor& x, const std::vector<int64_t>& pads, double v
 
 }  // namespace
 
-TEST_CASE("pad matches a naive reference, negative pads crop", "[index][join]") {
+TEST_CASE("pad matches a naive reference / negative pads crop", "[index][join]") {
   const DType dtype = GENERATE(from_range(kAllDTypes));
   CAPTURE(dtype);
   const Tensor x = sample({2, 3, 4}, dtype);

@@ -159,7 +159,7 @@ TEST_CASE("cross_entropy: hand-checked values", "[loss]") {
                    1e-6, 0);
 }
 
-TEST_CASE("cross_entropy: class indices, every reduction, weights, ignore_index, smoothing",
+TEST_CASE("cross_entropy: class indices / every reduction / weights / ignore_index / smoothing",
           "[loss]") {
   const DType dtype = GENERATE(DType::f32, DType::f64, DType::f16, DType::bf16);
   const std::string reduction = GENERATE("none", "mean", "sum");
@@ -308,7 +308,7 @@ TEST_CASE("cross_entropy_prob_loss_backward: finite differences", "[loss]") {
                    1e-8, 1e-8);
 }
 
-TEST_CASE("mse_loss: hand values, reductions and broadcasting", "[loss]") {
+TEST_CASE("mse_loss: hand values / reductions and broadcasting", "[loss]") {
   const Tensor a = tensor_of({1, 2, 3, 4}, {2, 2});
   const Tensor b = tensor_of({0, 2, 5, 1}, {2, 2});
   KILN_CHECK_EQUAL(mse_loss(a, b, "none"), tensor_of({1, 0, 4, 9}, {2, 2}));

@@ -181,7 +181,7 @@ TEST_CASE("max_pool2d matches a naive loop for every option", "[pool]") {
   }
 }
 
-TEST_CASE("max_pool2d in every floating dtype, unbatched, and with -inf and NaN", "[pool]") {
+TEST_CASE("max_pool2d in every floating dtype / unbatched / and with -inf and NaN", "[pool]") {
   const Window w{{3}, {2}, {1}, {1}, true};
   for (DType dtype : kFloatDTypes) {
     INFO(name(dtype));

@@ -82,7 +82,7 @@ TEST_CASE("softmax and log_softmax: hand-checked values", "[softmax]") {
                    1e-6, 1e-7);
 }
 
-TEST_CASE("softmax: every dim, every floating dtype, contiguous and strided", "[softmax]") {
+TEST_CASE("softmax: every dim / every floating dtype / contiguous and strided", "[softmax]") {
   const DType dtype = GENERATE(DType::f32, DType::f64, DType::f16, DType::bf16);
   const bool log = GENERATE(false, true);
   const Tensor base = random({3, 4, 5}, dtype);
@@ -129,7 +129,7 @@ TEST_CASE("softmax: -inf and NaN follow PyTorch", "[softmax]") {
                    tensor_of({kNaN, kNaN, kNaN, 0.5, 0, 0.5, kNaN, kNaN, kNaN}, {3, 3}).t());
 }
 
-TEST_CASE("softmax: 0-d, size-1 and empty inputs", "[softmax]") {
+TEST_CASE("softmax: 0-d / size-1 and empty inputs", "[softmax]") {
   KILN_CHECK_EQUAL(softmax(tensor_of({4.0}, {}), 0), tensor_of({1.0}, {}));
   KILN_CHECK_EQUAL(log_softmax(tensor_of({4.0}, {}), -1), tensor_of({0.0}, {}));
   KILN_CHECK_EQUAL(softmax(tensor_of({1, 2}, {2, 1}), 1), tensor_of({1, 1}, {2, 1}));
