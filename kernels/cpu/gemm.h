@@ -1,0 +1,30 @@
+#pragma once
+// The one CPU GEMM every kiln kernel multiplies matrices with. Matrices are row-major: the
+// element (i, j) of a stored matrix with leading dimension ld is at p[i * ld + j].
+// OpenBLAS does the work where kiln was built with it, Eigen otherwise; both use the
+// OpenMP threads when called outside a parallel region and one thread inside one.
+#include <cstdint>
+
+namespace kiln::cpu {
+
+enum class GemmBackend : uint8_t { blas, eigen };
+
+// Selects the library gemm calls from now on (for every thread); choosing blas in a
+// build without OpenBLAS is a kiln::Error.
+void set_gemm_backend(GemmBackend backend);
+// The library gemm calls now: blas by default where it was built in.
+GemmBackend gemm_backend();
+// Whether this build has OpenBLAS.
+bool gemm_blas_available();
+
+// C = alpha * op(A) op(B) + beta * C, where op(A) is m x k and op(B) is k x n. A is stored
+// m x k (k x m when trans_a, and op(A) is its transpose) with rows lda elements apart; B
+// likewise with ldb; C is m x n with rows ldc apart. With beta == 0 C is only written, so
+// it may hold garbage. Leading dimensions must be at least the stored row length (and 1).
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+          int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha,
+          const double* a, int64_t lda, const double* b, int64_t ldb, double beta, double* c,
+          int64_t ldc);
+
+}  // namespace kiln::cpu
