@@ -182,9 +182,10 @@ static std::vector<TensorMeta> metas_of(const std::vector<Tensor>& inputs) {
 static KernelFn kernel_for(const OpDef& op, Device device, std::span<const TensorMeta> metas) {
   KernelFn k = op.kernels[static_cast<int>(device.type)];
   if (!k) {
-    fail("{}: no kernel for device {}{} (inputs: {})", op.name, device,
-         has_device_allocator(device.type) ? "" : " (this build of kiln has no backend for it)",
-         metas_str(metas));
+    if (!has_device_allocator(device.type))
+      fail("{}: device {} is not available: this build of kiln has no backend for it (inputs: {})",
+           op.name, device, metas_str(metas));
+    fail("{}: no kernel for device {} (inputs: {})", op.name, device, metas_str(metas));
   }
   return k;
 }

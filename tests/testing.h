@@ -46,11 +46,11 @@ inline std::vector<double> values(const Tensor& t) {
   return out;
 }
 
-// A tensor of `dtype` holding `v` (row-major) in `shape`; one value with shape {} is 0-d.
+// A tensor of `dtype` holding `v` (row-major) in `shape`. An empty shape means 0-d for
+// one value and [v.size()] otherwise.
 inline Tensor tensor_of(const std::vector<double>& v, Shape shape, DType dtype = DType::f32) {
-  Tensor t = from_vector<double>(v, shape);
-  if (shape.empty() && v.size() == 1) t = t.reshape({});
-  return t.to(dtype);
+  if (shape.empty() && v.size() != 1) shape = {static_cast<int64_t>(v.size())};
+  return from_vector<double>(v, std::move(shape)).to(dtype);
 }
 
 // The same values as `t`, laid out with gaps (every other element of a larger buffer), so

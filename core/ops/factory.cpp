@@ -130,7 +130,6 @@ Tensor& normal_(Tensor& t, double mean, double std, Generator* g) {
 
 template <class T>
 Tensor from_vector(const std::vector<T>& values, Shape shape, TensorOptions o) {
-  if (shape.empty()) shape = {static_cast<int64_t>(values.size())};
   KILN_CHECK(numel_of(shape) == static_cast<int64_t>(values.size()),
              "from_vector: {} values do not fill shape {}", values.size(), shape_str(shape));
   Tensor t = make_tensor(shape, dtype_v<T>);
@@ -144,14 +143,26 @@ Tensor from_vector(const std::vector<T>& values, Shape shape, TensorOptions o) {
   t = t.to(o.device.value_or(Device::cpu()));
   return finish(t, o);
 }
+template <class T>
+Tensor from_vector(const std::vector<T>& values, TensorOptions o) {
+  return from_vector(values, Shape{static_cast<int64_t>(values.size())}, o);
+}
 template Tensor from_vector(const std::vector<float>&, Shape, TensorOptions);
+template Tensor from_vector(const std::vector<float>&, TensorOptions);
 template Tensor from_vector(const std::vector<double>&, Shape, TensorOptions);
+template Tensor from_vector(const std::vector<double>&, TensorOptions);
 template Tensor from_vector(const std::vector<Half>&, Shape, TensorOptions);
+template Tensor from_vector(const std::vector<Half>&, TensorOptions);
 template Tensor from_vector(const std::vector<BFloat16>&, Shape, TensorOptions);
+template Tensor from_vector(const std::vector<BFloat16>&, TensorOptions);
 template Tensor from_vector(const std::vector<int64_t>&, Shape, TensorOptions);
+template Tensor from_vector(const std::vector<int64_t>&, TensorOptions);
 template Tensor from_vector(const std::vector<int32_t>&, Shape, TensorOptions);
+template Tensor from_vector(const std::vector<int32_t>&, TensorOptions);
 template Tensor from_vector(const std::vector<uint8_t>&, Shape, TensorOptions);
+template Tensor from_vector(const std::vector<uint8_t>&, TensorOptions);
 template Tensor from_vector(const std::vector<bool>&, Shape, TensorOptions);
+template Tensor from_vector(const std::vector<bool>&, TensorOptions);
 
 Tensor from_blob(void* data, Shape shape, DType dtype, Shape strides) {
   KILN_CHECK(data || numel_of(shape) == 0, "from_blob: data is null for shape {}", shape_str(shape));

@@ -34,10 +34,12 @@ Tensor randint(int64_t low, int64_t high, Shape shape, TensorOptions options = {
 Tensor& uniform_(Tensor& t, double low = 0.0, double high = 1.0, Generator* generator = nullptr);
 Tensor& normal_(Tensor& t, double mean = 0.0, double std = 1.0, Generator* generator = nullptr);
 
-// A tensor holding a copy of `values`; an empty shape means [values.size()] (a 0-d tensor
-// comes from scalar_tensor).
+// A tensor holding a copy of `values`: of shape [values.size()], or of `shape` (Shape{} for
+// a 0-d tensor of one value).
 template <class T>
-Tensor from_vector(const std::vector<T>& values, Shape shape = {}, TensorOptions options = {});
+Tensor from_vector(const std::vector<T>& values, TensorOptions options = {});
+template <class T>
+Tensor from_vector(const std::vector<T>& values, Shape shape, TensorOptions options = {});
 // A tensor over memory the caller owns and keeps alive (no copy). Strides default to
 // contiguous.
 Tensor from_blob(void* data, Shape shape, DType dtype, Shape strides = {});

@@ -124,12 +124,12 @@ TEST_CASE("from_vector copies values into the given shape", "[core]") {
   CHECK(at(t, {0, 0}) == 1);
   CHECK(from_vector<float>({1, 2, 3}).shape() == Shape{3});
   CHECK(from_vector<float>({4}, {1}).shape() == Shape{1});
-  // No shape means [values.size()], as torch.tensor([4.]) has shape [1]; 0-d tensors come
-  // from scalar_tensor.
+  // No shape means [values.size()], as torch.tensor([4.]) has shape [1]; Shape{} is 0-d.
   CHECK(from_vector<float>({4}).shape() == Shape{1});
+  CHECK(from_vector<float>({4}, Shape{}).dim() == 0);
   CHECK(from_vector<bool>({true, false, true}).dtype() == DType::boolean);
   CHECK(values(from_vector<bool>({true, false, true})) == std::vector<double>{1, 0, 1});
-  Tensor h = from_vector<int32_t>({1, 2}, {}, {.dtype = DType::f16, .requires_grad = true});
+  Tensor h = from_vector<int32_t>({1, 2}, {.dtype = DType::f16, .requires_grad = true});
   CHECK(h.dtype() == DType::f16);
   CHECK(h.requires_grad());
   CHECK_THROWS_WITH(from_vector<float>({1, 2, 3}, {2, 2}),

@@ -91,7 +91,7 @@ double dot(const Tensor& a, const Tensor& b) {
 
 }  // namespace
 
-TEST_CASE("conv2d: against a naive loop over stride, padding, dilation and groups", "[conv]") {
+TEST_CASE("conv2d: against a naive loop over stride / padding / dilation and groups", "[conv]") {
   const auto dtype = GENERATE(DType::f32, DType::f64);
   for (const ConvCase& c : cases()) {
     INFO(describe(c) << " in " << name(dtype));

@@ -12,6 +12,7 @@ using namespace kiln::testing;
 namespace {
 
 Tensor f32s(std::vector<float> v, Shape shape = {}) {
+  if (shape.empty() && v.size() != 1) shape = {static_cast<int64_t>(v.size())};
   return from_vector<float>(v, std::move(shape));
 }
 

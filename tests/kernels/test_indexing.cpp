@@ -53,7 +53,7 @@ TEST_CASE("gather picks along dim for every dtype and layout", "[index][indexing
     KILN_CHECK_EQUAL(gather(strided_copy(x), dim - 3, transposed_copy(index)), expected);
     KILN_CHECK_EQUAL(gather(transposed_copy(x), dim, strided_copy(index)), expected);
   }
-  KILN_CHECK_EQUAL(gather(sample({}, dtype, 3), 0, from_vector<int64_t>({0}, {})),
+  KILN_CHECK_EQUAL(gather(sample({}, dtype, 3), 0, from_vector<int64_t>({0}, Shape{})),
                    sample({}, dtype, 3));
 }
 
@@ -164,7 +164,7 @@ TEST_CASE("index_select takes i64 and i32 indices", "[index][indexing]") {
     KILN_CHECK_EQUAL(index_select(transposed_copy(x), dim, index), expected);
   }
   // A 0-d index keeps the dim with size 1; an empty index gives size 0.
-  CHECK(index_select(x, 1, from_vector<int64_t>({2}, {})).shape() == Shape{3, 1, 5});
+  CHECK(index_select(x, 1, from_vector<int64_t>({2}, Shape{})).shape() == Shape{3, 1, 5});
   CHECK(index_select(x, 1, zeros({0}, {.dtype = DType::i64})).shape() == Shape{3, 0, 5});
 }
 
@@ -419,7 +419,7 @@ TEST_CASE("sort and topk put NaN first when descending / last when ascending", "
 TEST_CASE("topk and sort edge cases and errors", "[index][indexing]") {
   const Tensor x = sample({2, 3}, DType::f32);
   CHECK(topk(x, 0).first.shape() == Shape{2, 0});
-  auto [v, i] = sort(from_vector<float>({5.0f}, {}));
+  auto [v, i] = sort(from_vector<float>({5.0f}, Shape{}));
   CHECK(v.shape() == Shape{});
   CHECK(i.item<int64_t>() == 0);
   // A long line sorted against std::sort.

@@ -89,7 +89,7 @@ TEST_CASE("matmul: every shape case of torch.matmul against a naive loop", "[lin
   }
 }
 
-TEST_CASE("matmul: transposed, strided and broadcast operands", "[linalg]") {
+TEST_CASE("matmul: transposed / strided and broadcast operands", "[linalg]") {
   const auto backend = GENERATE(from_range(backends()));
   BackendScope scope(backend);
   const Tensor a = randn({5, 6}), b = randn({6, 4});
@@ -212,7 +212,7 @@ TEST_CASE("mm and bmm", "[linalg]") {
                    tol(DType::bf16));
 }
 
-TEST_CASE("addmm: beta * bias + alpha * a @ b", "[linalg]") {
+TEST_CASE("addmm: beta x bias + alpha x a @ b", "[linalg]") {
   const auto backend = GENERATE(from_range(backends()));
   BackendScope scope(backend);
   const auto dtype = GENERATE(DType::f32, DType::f64, DType::f16, DType::i64);

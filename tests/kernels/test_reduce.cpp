@@ -150,7 +150,7 @@ DType sum_dtype(DType t) { return is_integral(t, true) ? DType::i64 : t; }
 
 }  // namespace
 
-TEST_CASE("sum over every dim subset, layout and dtype", "[reduce]") {
+TEST_CASE("sum over every dim subset / layout and dtype", "[reduce]") {
   sweep(kAllDTypes, [](const Tensor& x, const DimList& dims, bool keepdim) {
     const Tensor s = sum(x, dims, keepdim);
     CHECK(s.dtype() == sum_dtype(x.dtype()));
@@ -162,7 +162,7 @@ TEST_CASE("sum over every dim subset, layout and dtype", "[reduce]") {
   });
 }
 
-TEST_CASE("prod over every dim subset, layout and dtype", "[reduce]") {
+TEST_CASE("prod over every dim subset / layout and dtype", "[reduce]") {
   sweep(kAllDTypes, [](const Tensor& x, const DimList& dims, bool keepdim) {
     const Tensor p = prod(x, dims, keepdim);
     CHECK(p.dtype() == sum_dtype(x.dtype()));
@@ -171,7 +171,7 @@ TEST_CASE("prod over every dim subset, layout and dtype", "[reduce]") {
   });
 }
 
-TEST_CASE("mean over every dim subset, layout and dtype", "[reduce]") {
+TEST_CASE("mean over every dim subset / layout and dtype", "[reduce]") {
   sweep(kAllDTypes, [](const Tensor& x, const DimList& dims, bool keepdim) {
     const Tensor expected = reference(x, dims, keepdim, ref_mean);
     if (is_floating(x.dtype())) {
@@ -185,7 +185,7 @@ TEST_CASE("mean over every dim subset, layout and dtype", "[reduce]") {
   });
 }
 
-TEST_CASE("amax and amin over every dim subset, layout and dtype", "[reduce]") {
+TEST_CASE("amax and amin over every dim subset / layout and dtype", "[reduce]") {
   sweep(kAllDTypes, [](const Tensor& x, const DimList& dims, bool keepdim) {
     const Tensor hi = amax(x, dims, keepdim), lo = amin(x, dims, keepdim);
     CHECK(hi.dtype() == x.dtype());
@@ -197,7 +197,7 @@ TEST_CASE("amax and amin over every dim subset, layout and dtype", "[reduce]") {
   });
 }
 
-TEST_CASE("max, min, argmax and argmin along each dim, every layout and dtype", "[reduce]") {
+TEST_CASE("max / min / argmax and argmin along each dim / every layout and dtype", "[reduce]") {
   for (DType dtype : kAllDTypes) {
     // Integer samples repeat values, so these also check that ties give the first position.
     const Tensor base = sample(dtype, kShape);
@@ -235,7 +235,7 @@ TEST_CASE("max, min, argmax and argmin along each dim, every layout and dtype", 
   }
 }
 
-TEST_CASE("var and std over every dim subset, layout and floating dtype", "[reduce]") {
+TEST_CASE("var and std over every dim subset / layout and floating dtype", "[reduce]") {
   sweep(kFloatDTypes, [](const Tensor& x, const DimList& dims, bool keepdim) {
     for (double correction : {1.0, 0.0}) {
       INFO("correction " << correction);
@@ -251,7 +251,7 @@ TEST_CASE("var and std over every dim subset, layout and floating dtype", "[redu
   });
 }
 
-TEST_CASE("logsumexp over every dim subset, layout and dtype", "[reduce]") {
+TEST_CASE("logsumexp over every dim subset / layout and dtype", "[reduce]") {
   sweep(kAllDTypes, [](const Tensor& x, const DimList& dims, bool keepdim) {
     const Tensor l = logsumexp(x, dims, keepdim);
     const DType expected_dtype = is_floating(x.dtype()) ? x.dtype() : DType::f32;
@@ -261,7 +261,7 @@ TEST_CASE("logsumexp over every dim subset, layout and dtype", "[reduce]") {
   });
 }
 
-TEST_CASE("all and any over every dim subset, layout and dtype", "[reduce]") {
+TEST_CASE("all and any over every dim subset / layout and dtype", "[reduce]") {
   sweep(kAllDTypes, [](const Tensor& x, const DimList& dims, bool keepdim) {
     const Tensor a = all(x, dims, keepdim), n = any(x, dims, keepdim);
     CHECK(a.dtype() == DType::boolean);
@@ -277,7 +277,7 @@ TEST_CASE("all and any over every dim subset, layout and dtype", "[reduce]") {
   });
 }
 
-TEST_CASE("norm over every dim subset, layout and floating dtype", "[reduce]") {
+TEST_CASE("norm over every dim subset / layout and floating dtype", "[reduce]") {
   const double inf = std::numeric_limits<double>::infinity();
   sweep(kFloatDTypes, [&](const Tensor& x, const DimList& dims, bool keepdim) {
     for (double p : {2.0, 1.0, inf, -inf, 0.0, 3.0, 0.5}) {

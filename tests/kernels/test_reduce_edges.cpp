@@ -45,7 +45,7 @@ TEST_CASE("0-d tensors reduce to themselves", "[reduce]") {
   CHECK_THROWS_WITH(sum(x, {1}), Catch::Contains("sum") && Catch::Contains("out of range"));
 }
 
-TEST_CASE("empty reductions give the identity, or NaN for mean and var", "[reduce]") {
+TEST_CASE("empty reductions give the identity / or NaN for mean and var", "[reduce]") {
   const Tensor e = zeros({0}, {.dtype = DType::f32});
   KILN_CHECK_EQUAL(sum(e), scalar_tensor(0, DType::f32));
   KILN_CHECK_EQUAL(prod(e), scalar_tensor(1, DType::f32));
@@ -68,7 +68,7 @@ TEST_CASE("empty reductions give the identity, or NaN for mean and var", "[reduc
   CHECK(m.indices.shape() == Shape{0, 1});
 }
 
-TEST_CASE("ops without an identity reject empty reductions, naming the op", "[reduce]") {
+TEST_CASE("ops without an identity reject empty reductions / naming the op", "[reduce]") {
   const Tensor e = zeros({0});
   const Tensor rows = zeros({0, 3});
   CHECK_THROWS_WITH(max(e), Catch::Contains("max") && Catch::Contains("no identity"));
@@ -83,7 +83,7 @@ TEST_CASE("ops without an identity reject empty reductions, naming the op", "[re
   CHECK_THROWS_WITH(norm(e, -1), Catch::Contains("norm"));
 }
 
-TEST_CASE("bad dims, dtypes and inputs throw errors naming the op and the shape", "[reduce]") {
+TEST_CASE("bad dims / dtypes and inputs throw errors naming the op and the shape", "[reduce]") {
   const Tensor x = zeros({2, 3, 4});
   CHECK_THROWS_AS(sum(x, {3}), Error);
   CHECK_THROWS_WITH(sum(x, {3}), Catch::Contains("sum") && Catch::Contains("[2,3,4]") &&
@@ -109,7 +109,7 @@ TEST_CASE("bad dims, dtypes and inputs throw errors naming the op and the shape"
   CHECK_THROWS_WITH(sum(Tensor()), Catch::Contains("sum"));
 }
 
-TEST_CASE("NaN propagates through max, min and their indices", "[reduce]") {
+TEST_CASE("NaN propagates through max / min and their indices", "[reduce]") {
   for (DType dtype : kFloatDTypes) {
     INFO("dtype " << name(dtype));
     const Tensor x = tensor_of({1, kNan, 5, kNan, 2, 7}, {2, 3}, dtype);
@@ -203,7 +203,7 @@ TEST_CASE("reductions are registered ops with their dims as attributes", "[reduc
   CHECK(seen.dtype("dtype") == DType::f64);
 }
 
-TEST_CASE("transposed, channels-last and expanded inputs agree with contiguous ones", "[reduce]") {
+TEST_CASE("transposed / channels-last and expanded inputs agree with contiguous ones", "[reduce]") {
   // The contiguous results are checked against loops elsewhere; here only the summation
   // order may differ (rtol 1e-5 for f32), and max positions must match exactly.
   const Tensor t = randn({300, 200}).t();  // [200, 300] stored transposed
