@@ -13,6 +13,10 @@ int main() {
   std::cout << "b:\n" << b << "\n\n";
   std::cout << "a + b (b broadcast over rows):\n" << a + b << "\n\n";
   std::cout << "a * 0.5 - 1:\n" << a * 0.5 - 1 << "\n\n";
-  std::cout << "randn(2, 2):\n" << randn({2, 2}) << "\n";
+  Tensor w = randn({3, 2});
+  std::cout << "w = randn(3, 2):\n" << w << "\n\n";
+  std::cout << "matmul(a, w), [2, 3] @ [3, 2]:\n" << matmul(a, w) << "\n\n";
+  std::cout << "softmax(a, dim=1):\n" << softmax(a, 1) << "\n\n";
+  std::cout << "a.sum(dim=0): " << sum(a, {0}) << "\n";
   return 0;
 }
