@@ -222,6 +222,39 @@ static bool can_cast(DType from, DType to) {
   return true;
 }
 
+// The element range [first, last] a tensor's view can touch in its storage.
+static std::pair<int64_t, int64_t> element_range(const Tensor& t) {
+  int64_t last = t.offset();
+  for (int64_t d = 0; d < t.dim(); ++d) last += (t.shape()[d] - 1) * t.strides()[d];
+  return {t.offset(), last};
+}
+
+// In-place writes must not race with their own reads: the target may not have elements
+// that share memory (an expanded tensor), and an input that is not the target itself may
+// not partly overlap it. Like PyTorch, overlaps are only judged between contiguous views,
+// where ranges tell the truth; others are left alone.
+static void check_inplace_overlap(const OpDef& op, const std::vector<Tensor>& inputs,
+                                  const Tensor& out) {
+  for (int64_t d = 0; d < out.dim(); ++d)
+    KILN_CHECK(out.strides()[d] != 0 || out.shape()[d] <= 1,
+               "{}: the in-place target {} has elements that share memory (strides {}); clone() "
+               "it first",
+               op.name, out.meta_str(), shape_str(out.strides()));
+  if (out.numel() == 0 || !out.is_contiguous()) return;
+  const auto [lo, hi] = element_range(out);
+  for (const Tensor& in : inputs) {
+    if (!in.defined() || in.storage() != out.storage() || in.numel() == 0) continue;
+    if (in.offset() == out.offset() && in.shape() == out.shape() && in.strides() == out.strides())
+      continue;
+    if (!in.is_contiguous()) continue;
+    const auto [ilo, ihi] = element_range(in);
+    KILN_CHECK(ihi < lo || ilo > hi,
+               "{}: the input {} partly overlaps the in-place target {} in memory; clone() the "
+               "input first",
+               op.name, in.meta_str(), out.meta_str());
+  }
+}
+
 void call_op_out(const OpDef& op, std::vector<Tensor> inputs, const Attrs& attrs,
                  const Tensor& out) {
   KILN_CHECK(op.kind == OpKind::compute, "{}: a view op has no in-place form", op.name);
@@ -237,6 +270,7 @@ void call_op_out(const OpDef& op, std::vector<Tensor> inputs, const Attrs& attrs
              op.name, m.dtype, out.dtype(), metas_str(metas));
   KILN_CHECK(m.device == out.device(), "{}: result on {} but the in-place target is on {}",
              op.name, m.device, out.device());
+  check_inplace_overlap(op, inputs, out);
   KernelFn kernel = kernel_for(op, m.device, metas);
   std::vector<Tensor> outputs{out};
   {

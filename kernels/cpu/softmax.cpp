@@ -92,23 +92,25 @@ void forward_row(const T* x, int64_t sx, T* y, int64_t n) {
     const C v = load(k);
     max = v > max ? v : max;
   }
-  // A NaN never wins the max, but exp(NaN - max) makes the sum, and so the row, NaN.
-  C sum = 0;
+  // A NaN never wins the max, but exp(NaN - max) makes the sum, and so the row, NaN. The
+  // sum is kept in double: a float sum of thousands of terms is off by more than f32's
+  // rounding of the result.
+  double sum = 0;
   if constexpr (!kLog && std::is_same_v<T, C>) {
     for (int64_t k = 0; k < n; ++k) {
       const C e = scalar::exp(load(k) - max);
       y[k] = e;
       sum += e;
     }
-    const C inv = C(1) / sum;
+    const C inv = static_cast<C>(1.0 / sum);
     for (int64_t k = 0; k < n; ++k) y[k] *= inv;
   } else {
     for (int64_t k = 0; k < n; ++k) sum += scalar::exp(load(k) - max);
     if constexpr (kLog) {
-      const C log_sum = scalar::log(sum);
+      const C log_sum = static_cast<C>(std::log(sum));
       for (int64_t k = 0; k < n; ++k) y[k] = static_cast<T>((load(k) - max) - log_sum);
     } else {
-      const C inv = C(1) / sum;
+      const C inv = static_cast<C>(1.0 / sum);
       for (int64_t k = 0; k < n; ++k) y[k] = static_cast<T>(scalar::exp(load(k) - max) * inv);
     }
   }
@@ -120,9 +122,10 @@ template <class T, bool kLog, bool kUnit, bool kUnitY>
 void forward_lanes(const T* x, int64_t sd, int64_t si, T* y, int64_t y_dim_stride, int64_t yl,
                    int64_t n, int64_t nb) {
   using C = compute_t<T>;
-  C max[kLaneBlock], acc[kLaneBlock];
+  C max[kLaneBlock], norm[kLaneBlock];
+  double acc[kLaneBlock];  // sums in double, as in forward_row
   std::fill_n(max, nb, -std::numeric_limits<C>::infinity());
-  std::fill_n(acc, nb, C(0));
+  std::fill_n(acc, nb, 0.0);
   auto lane = [&](int64_t k) { return x + k * sd; };
   auto load = [&](const T* p, int64_t j) { return static_cast<C>(p[kUnit ? j : j * si]); };
   for (int64_t k = 0; k < n; ++k) {
@@ -136,14 +139,14 @@ void forward_lanes(const T* x, int64_t sd, int64_t si, T* y, int64_t y_dim_strid
     const T* p = lane(k);
     for (int64_t j = 0; j < nb; ++j) acc[j] += scalar::exp(load(p, j) - max[j]);
   }
-  for (int64_t j = 0; j < nb; ++j) acc[j] = kLog ? scalar::log(acc[j]) : C(1) / acc[j];
+  for (int64_t j = 0; j < nb; ++j) norm[j] = static_cast<C>(kLog ? std::log(acc[j]) : 1.0 / acc[j]);
   for (int64_t k = 0; k < n; ++k) {
     const T* p = lane(k);
     T* q = y + k * y_dim_stride;
     for (int64_t j = 0; j < nb; ++j) {
       const C shifted = load(p, j) - max[j];
       q[kUnitY ? j : j * yl] =
-          static_cast<T>(kLog ? shifted - acc[j] : scalar::exp(shifted) * acc[j]);
+          static_cast<T>(kLog ? shifted - norm[j] : scalar::exp(shifted) * norm[j]);
     }
   }
 }

@@ -186,3 +186,23 @@ TEST_CASE("error messages name the op and show shapes and dtypes", "[core]") {
   CHECK_THROWS_WITH(zeros({-1}), Catch::Contains("negative size"));
   CHECK_THROWS_WITH(find_op("no_such_op"), Catch::Contains("no op named 'no_such_op'"));
 }
+
+TEST_CASE("in-place writes that would race with their reads are errors", "[core]") {
+  Tensor m = arange(12, {.dtype = DType::f32}).reshape({3, 4});
+  // An input that partly overlaps the target (its first row) would be read after writes.
+  Tensor flat = m.flatten();
+  Tensor tail = flat.slice(0, 2, 12);
+  CHECK_THROWS_WITH(flat.slice(0, 0, 10).add_(tail),
+                    Catch::Contains("add") && Catch::Contains("partly overlaps"));
+  // A target whose elements share memory.
+  Tensor row = zeros({4});
+  Tensor expanded = row.expand({3, 4});
+  CHECK_THROWS_WITH(expanded.add_(1), Catch::Contains("share memory"));
+  // The target itself, disjoint views of one storage, and broadcast reads are fine.
+  m.add_(m);
+  CHECK(m[1][1].item<float>() == 10.0f);
+  m.slice(0, 0, 1).copy_(m.slice(0, 2, 3));
+  CHECK(m[0][0].item<float>() == 16.0f);
+  m.mul_(row.add_(2));
+  CHECK(m[1][1].item<float>() == 20.0f);
+}
