@@ -19,11 +19,11 @@ void Generator::set_offset(uint64_t offset) {
   std::lock_guard lock(mutex_);
   offset_ = offset;
 }
-uint64_t Generator::reserve(uint64_t n) {
+Generator::Reservation Generator::reserve(uint64_t n) {
   std::lock_guard lock(mutex_);
-  const uint64_t first = offset_;
+  const Reservation r{seed_, offset_};
   offset_ += n;
-  return first;
+  return r;
 }
 
 Generator& default_generator() {

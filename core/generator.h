@@ -14,8 +14,11 @@ class Generator {
   uint64_t seed() const;
   uint64_t offset() const;
   void set_offset(uint64_t offset);
-  // Reserves n counters; returns the first.
-  uint64_t reserve(uint64_t n);
+  // Reserves n counters: the seed and the first counter, read together.
+  struct Reservation {
+    uint64_t seed, offset;
+  };
+  Reservation reserve(uint64_t n);
 
  private:
   mutable std::mutex mutex_;

@@ -34,9 +34,12 @@ const AttrValue& Attrs::get(std::string_view name) const {
 }
 
 std::optional<Scalar> Attrs::optional_scalar(std::string_view name) const {
-  const AttrValue* v = find(name);
-  if (!v) return std::nullopt;
-  return std::get<Scalar>(*v);
+  if (!find(name)) return std::nullopt;
+  return as<Scalar>(name);
+}
+
+void Attrs::wrong_type(std::string_view name) const {
+  fail("attribute '{}' has the wrong type (attributes: {})", name, to_string());
 }
 
 static std::string attr_value_str(const AttrValue& v) {
@@ -190,7 +193,27 @@ static KernelFn kernel_for(const OpDef& op, Device device, std::span<const Tenso
   return k;
 }
 
+static std::vector<Tensor> run_op(const OpDef& op, std::vector<Tensor> inputs, const Attrs& attrs);
+static void run_op_out(const OpDef& op, std::vector<Tensor> inputs, const Attrs& attrs,
+                       const Tensor& out);
+
+// Runs f, making sure an error from inside an op names the op first.
+template <class F>
+static decltype(auto) naming_errors(const OpDef& op, F&& f) {
+  try {
+    return f();
+  } catch (const Error& e) {
+    const std::string_view what = e.what();
+    if (what.starts_with(op.name) && what.substr(op.name.size()).starts_with(":")) throw;
+    throw Error(op.name + ": " + std::string(what));
+  }
+}
+
 std::vector<Tensor> call_op(const OpDef& op, std::vector<Tensor> inputs, const Attrs& attrs) {
+  return naming_errors(op, [&] { return run_op(op, std::move(inputs), attrs); });
+}
+
+static std::vector<Tensor> run_op(const OpDef& op, std::vector<Tensor> inputs, const Attrs& attrs) {
   std::vector<TensorMeta> metas = metas_of(inputs);
   std::vector<Tensor> outputs;
   if (op.kind == OpKind::view) {
@@ -229,10 +252,25 @@ static std::pair<int64_t, int64_t> element_range(const Tensor& t) {
   return {t.offset(), last};
 }
 
+// Whether the view covers a block of memory with no gaps and no element twice, in some
+// order of its dims (a contiguous tensor, or a transpose or permutation of one).
+static bool dense_without_overlap(const Tensor& t) {
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size) of dims longer than 1
+  for (int64_t d = 0; d < t.dim(); ++d)
+    if (t.shape()[d] != 1) dims.push_back({t.strides()[d], t.shape()[d]});
+  std::sort(dims.begin(), dims.end());
+  int64_t expected = 1;
+  for (auto [stride, size] : dims) {
+    if (stride != expected) return false;
+    expected *= size;
+  }
+  return true;
+}
+
 // In-place writes must not race with their own reads: the target may not have elements
-// that share memory (an expanded tensor), and an input that is not the target itself may
-// not partly overlap it. Like PyTorch, overlaps are only judged between contiguous views,
-// where ranges tell the truth; others are left alone.
+// that share memory (an expanded tensor), and an input over the same memory must be the
+// target itself, element for element. Like PyTorch, overlaps are judged between dense
+// views (where element ranges tell the truth); other layouts are left alone.
 static void check_inplace_overlap(const OpDef& op, const std::vector<Tensor>& inputs,
                                   const Tensor& out) {
   for (int64_t d = 0; d < out.dim(); ++d)
@@ -240,23 +278,30 @@ static void check_inplace_overlap(const OpDef& op, const std::vector<Tensor>& in
                "{}: the in-place target {} has elements that share memory (strides {}); clone() "
                "it first",
                op.name, out.meta_str(), shape_str(out.strides()));
-  if (out.numel() == 0 || !out.is_contiguous()) return;
+  if (out.numel() == 0 || !dense_without_overlap(out)) return;
   const auto [lo, hi] = element_range(out);
   for (const Tensor& in : inputs) {
     if (!in.defined() || in.storage() != out.storage() || in.numel() == 0) continue;
     if (in.offset() == out.offset() && in.shape() == out.shape() && in.strides() == out.strides())
       continue;
-    if (!in.is_contiguous()) continue;
+    if (!dense_without_overlap(in)) continue;
     const auto [ilo, ihi] = element_range(in);
     KILN_CHECK(ihi < lo || ilo > hi,
-               "{}: the input {} partly overlaps the in-place target {} in memory; clone() the "
-               "input first",
-               op.name, in.meta_str(), out.meta_str());
+               "{}: the input {} (strides {}) overlaps the in-place target {} (strides {}) in "
+               "memory without being the same view; clone() the input first",
+               op.name, in.meta_str(), shape_str(in.strides()), out.meta_str(),
+               shape_str(out.strides()));
   }
 }
 
 void call_op_out(const OpDef& op, std::vector<Tensor> inputs, const Attrs& attrs,
                  const Tensor& out) {
+  naming_errors(op, [&] { run_op_out(op, std::move(inputs), attrs, out); });
+}
+
+static void run_op_out(const OpDef& op, std::vector<Tensor> inputs, const Attrs& attrs,
+                       const Tensor& out) {
+  KILN_CHECK(out.defined(), "the in-place target is undefined");
   KILN_CHECK(op.kind == OpKind::compute, "{}: a view op has no in-place form", op.name);
   std::vector<TensorMeta> metas = metas_of(inputs);
   std::vector<TensorMeta> out_metas = op.infer(metas, attrs);

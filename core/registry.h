@@ -31,22 +31,29 @@ class Attrs {
   void set(std::string name, AttrValue value);
   bool has(std::string_view name) const { return find(name) != nullptr; }
   const AttrValue& get(std::string_view name) const;  // error when missing
-  bool b(std::string_view name) const { return std::get<bool>(get(name)); }
-  int64_t i(std::string_view name) const { return std::get<int64_t>(get(name)); }
-  double f(std::string_view name) const { return std::get<double>(get(name)); }
-  Scalar scalar(std::string_view name) const { return std::get<Scalar>(get(name)); }
-  const std::vector<int64_t>& ints(std::string_view name) const {
-    return std::get<std::vector<int64_t>>(get(name));
+  // The attribute as a T; an error when it is missing or of another type.
+  template <class T> const T& as(std::string_view name) const {
+    const T* v = std::get_if<T>(&get(name));
+    if (!v) wrong_type(name);
+    return *v;
   }
-  DType dtype(std::string_view name) const { return std::get<DType>(get(name)); }
-  Device device(std::string_view name) const { return std::get<Device>(get(name)); }
-  const std::string& str(std::string_view name) const { return std::get<std::string>(get(name)); }
+  bool b(std::string_view name) const { return as<bool>(name); }
+  int64_t i(std::string_view name) const { return as<int64_t>(name); }
+  double f(std::string_view name) const { return as<double>(name); }
+  Scalar scalar(std::string_view name) const { return as<Scalar>(name); }
+  const std::vector<int64_t>& ints(std::string_view name) const {
+    return as<std::vector<int64_t>>(name);
+  }
+  DType dtype(std::string_view name) const { return as<DType>(name); }
+  Device device(std::string_view name) const { return as<Device>(name); }
+  const std::string& str(std::string_view name) const { return as<std::string>(name); }
   std::optional<Scalar> optional_scalar(std::string_view name) const;
   const std::vector<Attr>& items() const { return items_; }
   std::string to_string() const;  // "{dim=[1], keepdim=true}"
 
  private:
   const AttrValue* find(std::string_view name) const;
+  [[noreturn]] void wrong_type(std::string_view name) const;
   std::vector<Attr> items_;
 };
 

@@ -1,6 +1,7 @@
 #pragma once
 // Storage: one allocation that tensors view. Views of the same storage share its version
 // counter, which autograd uses to detect a tensor modified after it was saved.
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -15,7 +16,7 @@ struct StorageImpl {
   size_t nbytes = 0;
   Device device;
   std::function<void(void*)> deleter;  // empty for memory the user owns
-  uint64_t version = 0;
+  std::atomic<uint64_t> version = 0;
 
   StorageImpl(void* data, size_t nbytes, Device device, std::function<void(void*)> deleter)
       : data(data), nbytes(nbytes), device(device), deleter(std::move(deleter)) {}

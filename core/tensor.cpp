@@ -10,8 +10,14 @@ std::string shape_str(const Shape& s) { return fmt::format("[{}]", fmt::join(s, 
 
 int64_t numel_of(const Shape& s) {
   int64_t n = 1;
-  for (int64_t v : s) n *= v;
+  for (int64_t v : s)
+    if (__builtin_mul_overflow(n, v, &n))
+      fail("shape {} has more elements than an int64 can count", shape_str(s));
   return n;
+}
+
+void Tensor::throw_undefined() {
+  fail("Tensor: the tensor is undefined (default-constructed, or an absent optional argument)");
 }
 
 Shape contiguous_strides(const Shape& shape) {
@@ -46,7 +52,8 @@ bool Tensor::is_contiguous() const {
 }
 
 void* Tensor::data_ptr() const {
-  return static_cast<char*>(impl_->storage->data) + impl_->offset * itemsize();
+  const TensorImpl& t = get();
+  return static_cast<char*>(t.storage->data) + t.offset * itemsize();
 }
 
 std::string Tensor::meta_str() const {
@@ -58,7 +65,10 @@ Tensor make_tensor(Shape shape, DType dtype, Device device) {
   for (int64_t s : shape)
     KILN_CHECK(s >= 0, "empty: negative size in shape {}", shape_str(shape));
   auto impl = std::make_shared<TensorImpl>();
-  const size_t nbytes = static_cast<size_t>(numel_of(shape)) * itemsize(dtype);
+  size_t nbytes = 0;
+  KILN_CHECK(!__builtin_mul_overflow(static_cast<size_t>(numel_of(shape)), itemsize(dtype), &nbytes),
+             "empty: a {} tensor of shape {} needs more bytes than memory can address", dtype,
+             shape_str(shape));
   impl->storage = allocate_storage(nbytes, device);
   impl->strides = contiguous_strides(shape);
   impl->shape = std::move(shape);

@@ -49,19 +49,19 @@ class Tensor {
   bool same(const Tensor& other) const { return impl_ == other.impl_; }
 
   // Metadata
-  int64_t dim() const { return static_cast<int64_t>(impl_->shape.size()); }
-  const Shape& shape() const { return impl_->shape; }
-  const Shape& strides() const { return impl_->strides; }
+  int64_t dim() const { return static_cast<int64_t>(get().shape.size()); }
+  const Shape& shape() const { return get().shape; }
+  const Shape& strides() const { return get().strides; }
   int64_t size(int64_t d) const;
   int64_t stride(int64_t d) const;
-  int64_t offset() const { return impl_->offset; }
-  int64_t numel() const { return numel_of(impl_->shape); }
-  DType dtype() const { return impl_->dtype; }
-  Device device() const { return impl_->device; }
-  size_t itemsize() const { return kiln::itemsize(impl_->dtype); }
+  int64_t offset() const { return get().offset; }
+  int64_t numel() const { return numel_of(get().shape); }
+  DType dtype() const { return get().dtype; }
+  Device device() const { return get().device; }
+  size_t itemsize() const { return kiln::itemsize(get().dtype); }
   bool is_contiguous() const;
-  bool is_wrapped_number() const { return impl_->wrapped_number; }
-  const Storage& storage() const { return impl_->storage; }
+  bool is_wrapped_number() const { return get().wrapped_number; }
+  const Storage& storage() const { return get().storage; }
   // The first element's address (storage data + offset).
   void* data_ptr() const;
   template <class T> T* data_ptr() const {
@@ -114,11 +114,19 @@ class Tensor {
   Tensor& copy_(const Tensor& src);  // broadcasts src and converts its dtype
 
   // Autograd state (the engine arrives with the autograd layer).
-  bool requires_grad() const { return impl_->requires_grad; }
+  bool requires_grad() const { return get().requires_grad; }
 
   std::string str() const;  // PyTorch-like repr: tensor([[1., 2.], ...])
 
  private:
+  // The impl, or a kiln::Error for an undefined tensor (a default-constructed one, or an
+  // absent optional argument used as if present).
+  const TensorImpl& get() const {
+    if (!impl_) throw_undefined();
+    return *impl_;
+  }
+  [[noreturn]] static void throw_undefined();
+
   std::shared_ptr<TensorImpl> impl_;
 };
 

@@ -32,11 +32,11 @@ std::pair<Tensor, Tensor> dropout_with_mask(const Tensor& x, double p, bool trai
   check_probability(p, "dropout");
   if (!train) return {x, ones(x.shape(), {.dtype = DType::boolean, .device = x.device()})};
   Generator& gen = generator ? *generator : default_generator();
-  const uint64_t offset = gen.reserve(static_cast<uint64_t>(x.numel()));
+  const Generator::Reservation r = gen.reserve(static_cast<uint64_t>(x.numel()));
   const Attrs attrs{{"p", p},
                     {"train", true},
-                    {"seed", static_cast<int64_t>(gen.seed())},
-                    {"offset", static_cast<int64_t>(offset)}};
+                    {"seed", static_cast<int64_t>(r.seed)},
+                    {"offset", static_cast<int64_t>(r.offset)}};
   std::vector<Tensor> out = call_op(kDropout, {x}, attrs);
   return {out[0], out[1]};
 }

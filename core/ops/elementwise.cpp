@@ -59,8 +59,6 @@ KILN_ELEMENTWISE_OP(kSilu, "silu", Rule::floating, 1)
 KILN_ELEMENTWISE_OP(kSoftplus, "softplus", Rule::floating, 1)
 KILN_ELEMENTWISE_OP(kLogicalNot, "logical_not", Rule::boolean, 1)
 // binary
-KILN_ELEMENTWISE_OP(kAdd, "add", Rule::same, 2)
-KILN_ELEMENTWISE_OP(kSub, "sub", Rule::no_bool, 2)
 KILN_ELEMENTWISE_OP(kMul, "mul", Rule::same, 2)
 KILN_ELEMENTWISE_OP(kDiv, "div", Rule::floating, 2)
 KILN_ELEMENTWISE_OP(kPow, "pow", Rule::same, 2)
@@ -125,6 +123,26 @@ std::vector<TensorMeta> infer_to_device(std::span<const TensorMeta> in, const At
 }
 const OpDef& kToDevice = define_op({.name = "to_device", .infer = infer_to_device});
 
+// add and sub: a floating alpha cannot scale an integer result (PyTorch's rule).
+template <Rule rule>
+std::vector<TensorMeta> infer_add_sub(const char* op, std::span<const TensorMeta> in, const Attrs& a) {
+  std::vector<TensorMeta> out = infer<rule, 2>(op, in);
+  if (auto alpha = a.optional_scalar("alpha"))
+    KILN_CHECK(!alpha->is_floating() || is_floating(out[0].dtype),
+               "{}: alpha {} is a floating number but the result is {} ({})", op,
+               alpha->to_double(), out[0].dtype, metas_str(in));
+  return out;
+}
+
+std::vector<TensorMeta> infer_add(std::span<const TensorMeta> in, const Attrs& a) {
+  return infer_add_sub<Rule::same>("add", in, a);
+}
+std::vector<TensorMeta> infer_sub(std::span<const TensorMeta> in, const Attrs& a) {
+  return infer_add_sub<Rule::no_bool>("sub", in, a);
+}
+const OpDef& kAdd = define_op({.name = "add", .infer = infer_add});
+const OpDef& kSub = define_op({.name = "sub", .infer = infer_sub});
+
 Tensor unary(const OpDef& op, const Tensor& x, const Attrs& attrs = {}) {
   return call_op1(op, {x}, attrs);
 }
@@ -139,6 +157,7 @@ Attrs alpha_attrs(Scalar alpha) {
   if (alpha.kind() != DType::f64 && alpha.to_int() == 1) return {};
   return {{"alpha", alpha}};
 }
+
 
 }  // namespace
 
@@ -195,7 +214,12 @@ Tensor div(const Tensor& a, const Tensor& b) { return binary(kDiv, a, b); }
 Tensor div(const Tensor& a, Scalar b) { return binary(kDiv, a, wrap_scalar(b)); }
 Tensor operator/(Scalar a, const Tensor& b) { return binary(kDiv, wrap_scalar(a), b); }
 Tensor pow(const Tensor& a, const Tensor& b) { return binary(kPow, a, b); }
-Tensor pow(const Tensor& a, Scalar b) { return binary(kPow, a, wrap_scalar(b)); }
+Tensor pow(const Tensor& a, Scalar b) {
+  KILN_CHECK(b.is_floating() || b.to_int() >= 0 || is_floating(a.dtype()),
+             "pow: integers to negative integer powers are not allowed ({} ** {})", a.meta_str(),
+             b.to_int());
+  return binary(kPow, a, wrap_scalar(b));
+}
 Tensor pow(Scalar a, const Tensor& b) { return binary(kPow, wrap_scalar(a), b); }
 Tensor maximum(const Tensor& a, const Tensor& b) { return binary(kMaximum, a, b); }
 Tensor minimum(const Tensor& a, const Tensor& b) { return binary(kMinimum, a, b); }
@@ -278,6 +302,11 @@ Tensor& Tensor::copy_(const Tensor& src) {
   if (src.device() != device()) {
     // Move first, then convert and broadcast on the target device.
     return copy_(src.to(device()));
+  }
+  if (src.shape() != shape()) {
+    const Shape shapes[] = {shape(), src.shape()};
+    KILN_CHECK(broadcast_shapes(shapes, "copy_") == shape(),
+               "copy_: the source {} does not broadcast to the target {}", src.meta_str(), meta_str());
   }
   Tensor s = src.shape() == shape() ? src : src.expand(shape());
   call_op_out(kCast, {s}, {{"dtype", dtype()}}, *this);

@@ -36,9 +36,9 @@ Tensor finish(Tensor t, const TensorOptions& o) {
 Attrs random_attrs(const Shape& shape, DType dtype, Device device, Generator* g) {
   Generator& gen = g ? *g : default_generator();
   Attrs a = base_attrs(shape, dtype, device);
-  const uint64_t offset = gen.reserve(static_cast<uint64_t>(numel_of(shape)));
-  a.set("seed", static_cast<int64_t>(gen.seed()));
-  a.set("offset", static_cast<int64_t>(offset));
+  const Generator::Reservation r = gen.reserve(static_cast<uint64_t>(numel_of(shape)));
+  a.set("seed", static_cast<int64_t>(r.seed));
+  a.set("offset", static_cast<int64_t>(r.offset));
   return a;
 }
 
@@ -67,6 +67,8 @@ Tensor arange(Scalar start, Scalar end, Scalar step, TensorOptions o) {
   const bool floating = start.is_floating() || end.is_floating() || step.is_floating();
   const DType dtype = o.dtype.value_or(floating ? kDefaultFloat : DType::i64);
   const double s = start.to_double(), e = end.to_double(), st = step.to_double();
+  KILN_CHECK(std::isfinite(s) && std::isfinite(e) && std::isfinite(st),
+             "arange: start {}, end {} and step {} must be finite", s, e, st);
   KILN_CHECK(st != 0, "arange: step must be nonzero");
   KILN_CHECK((st > 0 && e >= s) || (st < 0 && e <= s),
              "arange: upper bound {} and step {} are inconsistent with start {}", e, st, s);
@@ -169,6 +171,10 @@ Tensor from_blob(void* data, Shape shape, DType dtype, Shape strides) {
   if (strides.empty()) strides = contiguous_strides(shape);
   KILN_CHECK(strides.size() == shape.size(), "from_blob: shape {} and strides {} differ in length",
              shape_str(shape), shape_str(strides));
+  for (size_t i = 0; i < shape.size(); ++i)
+    KILN_CHECK(shape[i] >= 0 && strides[i] >= 0,
+               "from_blob: sizes and strides must be non-negative, got shape {} strides {}",
+               shape_str(shape), shape_str(strides));
   int64_t extent = 1;
   for (size_t i = 0; i < shape.size(); ++i) extent += (shape[i] - 1) * strides[i];
   auto impl = std::make_shared<TensorImpl>();

@@ -99,6 +99,8 @@ Shape layer_norm_stats_shape(const TensorMeta& x, const Attrs& a, std::span<cons
   KILN_CHECK(a.has("normalized_shape"), "{}: attribute 'normalized_shape' is required", op);
   const Shape& ns = a.ints("normalized_shape");
   KILN_CHECK(!ns.empty(), "{}: normalized_shape must not be empty ({})", op, metas_str(in));
+  KILN_CHECK(numel_of(ns) > 0, "{}: normalized_shape {} has no elements to normalize over ({})", op,
+             shape_str(ns), metas_str(in));
   const size_t axis = x.shape.size() - std::min(ns.size(), x.shape.size());
   KILN_CHECK(x.shape.size() >= ns.size() && Shape(x.shape.begin() + axis, x.shape.end()) == ns,
              "{}: normalized_shape {} does not match the trailing dims of the input {}", op,

@@ -231,6 +231,8 @@ Shape expand_shape(const Shape& shape, const Shape& target) {
       continue;
     }
     const int64_t s = shape[i - lead];
+    KILN_CHECK(target[i] >= -1, "expand: invalid size {} at dim {} ({} to {})", target[i], i,
+               shape_str(shape), shape_str(target));
     const int64_t t = target[i] == -1 ? s : target[i];
     KILN_CHECK(s == t || s == 1,
                "expand: size {} at dim {} cannot expand to {} (shape {} to {})", s, i, t,
