@@ -3,6 +3,8 @@
 // wrapped at 80 columns.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -15,11 +17,14 @@ constexpr int64_t kThreshold = 1000;  // summarize above this many elements
 constexpr int64_t kEdgeItems = 3;
 constexpr int64_t kLineWidth = 80;  // vectors wrap to stay within this many columns
 
+// Elements are read as long double: exact for every i64 and for every float type.
+using Value = long double;
+
 struct Formatter {
   enum class Mode { integer, whole_float, fixed, scientific, boolean } mode;
   size_t width = 1;
 
-  std::string one(double v) const {
+  std::string one(Value v) const {
     if (mode == Mode::boolean) return v != 0 ? "True" : "False";
     if (std::isnan(v)) return "nan";
     if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
@@ -30,24 +35,24 @@ struct Formatter {
       default: return fmt::format("{:.4e}", v);
     }
   }
-  std::string padded(double v) const {
+  std::string padded(Value v) const {
     std::string s = one(v);
     return std::string(width > s.size() ? width - s.size() : 0, ' ') + s;
   }
 };
 
 // `values` are the elements that will be printed (the edges only, when summarizing).
-Formatter make_formatter(const std::vector<double>& values, DType dtype) {
+Formatter make_formatter(const std::vector<Value>& values, DType dtype) {
   Formatter f;
   if (!is_floating(dtype)) {
     f.mode = dtype == DType::boolean ? Formatter::Mode::boolean : Formatter::Mode::integer;
-    for (double v : values) f.width = std::max(f.width, f.one(v).size());
+    for (Value v : values) f.width = std::max(f.width, f.one(v).size());
     return f;
   }
   // As in PyTorch, only the nonzero finite values choose the mode and the width.
   bool whole = true, any = false;
-  double max_abs = 0, min_abs = INFINITY;
-  for (double v : values) {
+  Value max_abs = 0, min_abs = INFINITY;
+  for (Value v : values) {
     if (!std::isfinite(v) || v == 0) continue;
     any = true;
     whole = whole && std::nearbyint(v) == v;
@@ -59,24 +64,26 @@ Formatter make_formatter(const std::vector<double>& values, DType dtype) {
   const bool wide = max_abs / min_abs > 1000 || max_abs > 1e8;
   if (whole) f.mode = wide ? Formatter::Mode::scientific : Formatter::Mode::whole_float;
   else f.mode = wide || min_abs < 1e-4 ? Formatter::Mode::scientific : Formatter::Mode::fixed;
-  for (double v : values)
+  for (Value v : values)
     if (std::isfinite(v) && v != 0) f.width = std::max(f.width, f.one(v).size());
   return f;
 }
 
+// Walks the tensor through its own strides (no contiguous copy), so a summarized print of
+// a huge tensor reads only the elements it shows.
 struct Printer {
-  const std::vector<double>& values;
+  std::function<Value(int64_t)> read;  // the element at a storage offset
   const Shape& shape;
-  Shape strides;
+  const Shape& strides;
   bool summarize;
 
   int64_t ndim() const { return static_cast<int64_t>(shape.size()); }
   bool elided(int64_t dim) const { return summarize && shape[dim] > 2 * kEdgeItems; }
 
   // The elements that will be printed, in order.
-  void collect(std::vector<double>& out, int64_t dim, int64_t offset) const {
+  void collect(std::vector<Value>& out, int64_t dim, int64_t offset) const {
     if (dim == ndim()) {
-      out.push_back(values[offset]);
+      out.push_back(read(offset));
       return;
     }
     for (int64_t i = 0; i < shape[dim]; ++i) {
@@ -88,7 +95,7 @@ struct Printer {
   void row(std::string& out, const Formatter& f, int64_t dim, int64_t offset,
            int64_t indent) const {
     if (dim == ndim()) {
-      out += f.padded(values[offset]);
+      out += f.padded(read(offset));
       return;
     }
     const int64_t n = shape[dim];
@@ -100,7 +107,7 @@ struct Printer {
           items.push_back(" ...");
           i = n - kEdgeItems;
         }
-        items.push_back(f.padded(values[offset + i * strides[dim]]));
+        items.push_back(f.padded(read(offset + i * strides[dim])));
       }
       const int64_t item_width = static_cast<int64_t>(f.width) + 2;  // with ", "
       const auto per_line =
@@ -131,20 +138,23 @@ struct Printer {
 
 std::string Tensor::str() const {
   if (!defined()) return "tensor(undefined)";
-  Tensor c = to(Device::cpu()).contiguous();
-  std::vector<double> values(static_cast<size_t>(c.numel()));
-  visit_dtype(c.dtype(), [&]<class T>() {
-    const T* p = static_cast<const T*>(c.data_ptr());
-    for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<double>(static_cast<compute_t<T>>(p[i]));
-  });
+  Tensor c = to(Device::cpu());
   std::string out = "tensor(";
   if (numel() == 0) {
     out += "[]";
   } else {
-    Printer p{values, shape(), contiguous_strides(shape()), numel() > kThreshold};
-    std::vector<double> shown;
-    p.collect(shown, 0, 0);
-    p.row(out, make_formatter(shown, dtype()), 0, 0, static_cast<int64_t>(out.size()));
+    const char* base = static_cast<const char*>(c.storage()->data);
+    auto read = visit_dtype(c.dtype(), [&]<class T>() -> std::function<Value(int64_t)> {
+      return [base](int64_t offset) {
+        T v;
+        std::memcpy(&v, base + offset * static_cast<int64_t>(sizeof(T)), sizeof(T));
+        return static_cast<Value>(static_cast<compute_t<T>>(v));
+      };
+    });
+    Printer p{read, c.shape(), c.strides(), numel() > kThreshold};
+    std::vector<Value> shown;
+    p.collect(shown, 0, c.offset());
+    p.row(out, make_formatter(shown, dtype()), 0, c.offset(), static_cast<int64_t>(out.size()));
   }
   if (numel() == 0 && dim() != 1) out += ", size=" + shape_str(shape());
   if (!device().is_cpu()) out += fmt::format(", device='{}'", device());

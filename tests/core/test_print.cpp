@@ -129,3 +129,12 @@ TEST_CASE("print summarizes more than 1000 elements", "[print]") {
         "tensor([[  0,   1,   2,   3,   4,   5],\n"
         "        [600, 601, 602, 603, 604, 605]])");
 }
+
+TEST_CASE("print shows every digit of large i64 values and reads strided views", "[print]") {
+  const int64_t big = (int64_t{1} << 53) + 1;
+  CHECK(from_vector<int64_t>({big, -big}).str() ==
+        "tensor([ 9007199254740993, -9007199254740993])");
+  Tensor m = arange(6).reshape({2, 3});
+  CHECK(m.t().str() == "tensor([[0, 3],\n        [1, 4],\n        [2, 5]])");
+  CHECK(m.slice(1, 0, 3, 2).str() == "tensor([[0, 2],\n        [3, 5]])");
+}
