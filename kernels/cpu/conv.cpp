@@ -383,19 +383,6 @@ DType conv_dtype(DType t) { return t == DType::f64 ? DType::f64 : DType::f32; }
 // A contiguous copy of t in dtype c (t itself when it already is one).
 Tensor dense(const Tensor& t, DType c) { return as_dtype(t, c).contiguous(); }
 
-// Runs body(dst) with dst contiguous of dtype `compute`: `out` itself when it is, else a
-// temporary then copied (and converted) into `out`.
-template <class Body>
-void into_contiguous(const Tensor& out, DType compute, Body&& body) {
-  if (out.dtype() == compute && out.is_contiguous()) {
-    body(out);
-    return;
-  }
-  Tensor tmp = make_tensor(out.shape(), compute, out.device());
-  body(tmp);
-  Tensor(out).copy_(tmp);
-}
-
 template <class F>
 void visit_conv_type(DType c, F&& f) {
   if (c == DType::f64)

@@ -31,4 +31,17 @@ void into(const Tensor& out, DType compute, Body&& body) {
   Tensor(out).copy_(tmp);
 }
 
+// Runs body(dst) with dst contiguous of dtype `compute`: `out` itself when it is, else a
+// temporary then copied (and converted) into `out`.
+template <class Body>
+void into_contiguous(const Tensor& out, DType compute, Body&& body) {
+  if (out.dtype() == compute && out.is_contiguous()) {
+    body(out);
+    return;
+  }
+  Tensor tmp = make_tensor(out.shape(), compute, out.device());
+  body(tmp);
+  Tensor(out).copy_(tmp);
+}
+
 }  // namespace kiln::cpu

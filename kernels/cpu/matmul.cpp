@@ -163,19 +163,6 @@ void visit_product_type(DType t, const char* op, F&& f) {
   }
 }
 
-// Runs body(dst) with dst contiguous of dtype `compute`: `out` itself when it is, else a
-// temporary then copied (and converted) into `out`.
-template <class Body>
-void into_contiguous(const Tensor& out, DType compute, Body&& body) {
-  if (out.dtype() == compute && out.is_contiguous()) {
-    body(out);
-    return;
-  }
-  Tensor tmp = make_tensor(out.shape(), compute, out.device());
-  body(tmp);
-  Tensor(out).copy_(tmp);
-}
-
 DType product_dtype(DType t) { return is_reduced_float(t) ? DType::f32 : t; }
 
 // matmul, mm and bmm: the rule already checked the shapes, so one kernel serves all three.
