@@ -7,6 +7,8 @@
 
 #include <fmt/ranges.h>
 
+#include "core/grad_mode.h"
+
 namespace kiln {
 
 // ---- Attrs ----
@@ -125,6 +127,7 @@ const OpDef& define_op(OpDef def) {
              def.name);
   def.kernels = e.kernels;  // kernels may have registered first
   def.backward = e.backward;
+  def.backward_reads_inputs = e.backward_reads_inputs;
   e = std::move(def);
   return e;
 }
@@ -135,10 +138,11 @@ void register_kernel(std::string_view op, DeviceType device, KernelFn kernel) {
   r.entry(op).kernels[static_cast<int>(device)] = kernel;
 }
 
-void set_backward(std::string_view op, const BackwardFormula* formula) {
+void set_backward(std::string_view op, const BackwardFormula* formula, bool reads_inputs) {
   Registry& r = registry();
   std::lock_guard lock(r.mutex);
   r.entry(op).backward = formula;
+  r.entry(op).backward_reads_inputs = reads_inputs;
 }
 
 const OpDef& find_op(std::string_view name) {
@@ -169,6 +173,25 @@ struct DepthScope {
   ~DepthScope() { --t_depth; }
 };
 }  // namespace
+
+namespace {
+AutogradRecorder g_recorder = nullptr;
+
+bool any_requires_grad(std::span<const Tensor> inputs) {
+  for (const Tensor& t : inputs)
+    if (t.defined() && t.requires_grad()) return true;
+  return false;
+}
+
+// After the kernel, before the tracing hook: the tracer sees outputs with their graph.
+void after_op(const OpCall& call) {
+  if (t_depth != 0) return;
+  if (g_recorder && GradMode::is_enabled() && any_requires_grad(call.inputs)) g_recorder(call);
+  if (t_hook) t_hook(call);
+}
+}  // namespace
+
+void set_autograd_recorder(AutogradRecorder recorder) { g_recorder = recorder; }
 
 OpHookGuard::OpHookGuard(OpHook hook) : previous_(std::move(t_hook)) { t_hook = std::move(hook); }
 OpHookGuard::~OpHookGuard() { t_hook = std::move(previous_); }
@@ -230,7 +253,7 @@ static std::vector<Tensor> run_op(const OpDef& op, std::vector<Tensor> inputs, c
   }
   for (int i : op.mutated_inputs)
     if (inputs.at(i).defined()) bump_version(inputs.at(i));
-  if (t_hook && t_depth == 0) t_hook(OpCall{op, inputs, attrs, outputs, false});
+  after_op(OpCall{op, inputs, attrs, outputs, false});
   return outputs;
 }
 
@@ -316,14 +339,26 @@ static void run_op_out(const OpDef& op, std::vector<Tensor> inputs, const Attrs&
   KILN_CHECK(m.device == out.device(), "{}: result on {} but the in-place target is on {}",
              op.name, m.device, out.device());
   check_inplace_overlap(op, inputs, out);
+  KILN_CHECK(!(GradMode::is_enabled() && out.requires_grad() && out.is_leaf()),
+             "a leaf tensor that requires grad ({}) is used in an in-place operation; do it "
+             "under NoGradGuard or on a clone",
+             out.meta_str());
   KernelFn kernel = kernel_for(op, m.device, metas);
   std::vector<Tensor> outputs{out};
+  std::vector<Tensor> before;
   {
     DepthScope scope;
+    // Autograd will need the values the op is about to overwrite.
+    if (t_depth == 1 && g_recorder && op.backward_reads_inputs && GradMode::is_enabled() &&
+        any_requires_grad(inputs)) {
+      before.resize(inputs.size());
+      for (size_t i = 0; i < inputs.size(); ++i)
+        if (inputs[i].defined() && inputs[i].storage() == out.storage()) before[i] = inputs[i].clone();
+    }
     kernel(inputs, outputs, attrs);
   }
   bump_version(out);
-  if (t_hook && t_depth == 0) t_hook(OpCall{op, inputs, attrs, outputs, true});
+  after_op(OpCall{op, inputs, attrs, outputs, true, before});
 }
 
 // ---- shape and dtype helpers ----

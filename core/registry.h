@@ -78,6 +78,9 @@ struct OpCall {
   const Attrs& attrs;
   std::span<const Tensor> outputs;
   bool inplace = false;  // outputs[0] was given by the caller (`add_`, `copy_`)
+  // For in-place calls that autograd records: the inputs that alias the target as they
+  // were before the op overwrote them (others undefined), so backward can read them.
+  std::span<const Tensor> inputs_before = {};
 };
 
 // Shape and dtype rule: validates inputs (throwing kiln::Error naming the op) and says
@@ -103,6 +106,7 @@ struct OpDef {
   bool random = false;
   std::array<KernelFn, kNumDeviceTypes> kernels{};
   const BackwardFormula* backward = nullptr;  // set by autograd/
+  bool backward_reads_inputs = false;         // the formula needs the inputs' values
 };
 
 // Declares an op (once, from a static initializer in core/ops/). Returns a reference that
@@ -115,7 +119,7 @@ const OpDef& find_op(std::string_view name);
 // Every defined op, sorted by name.
 std::vector<const OpDef*> all_ops();
 // Lets autograd/ attach a backward formula to an op.
-void set_backward(std::string_view op, const BackwardFormula* formula);
+void set_backward(std::string_view op, const BackwardFormula* formula, bool reads_inputs);
 
 // Runs an op eagerly: infer, allocate, kernel, hook.
 std::vector<Tensor> call_op(const OpDef& op, std::vector<Tensor> inputs, const Attrs& attrs = {});
@@ -138,6 +142,11 @@ class OpHookGuard {
  private:
   OpHook previous_;
 };
+
+// The autograd recorder: called after every top-level op whose inputs require grad while
+// grad mode is on; it attaches the backward graph. Installed once by autograd/.
+using AutogradRecorder = void (*)(const OpCall& call);
+void set_autograd_recorder(AutogradRecorder recorder);
 
 // Shape helpers shared by shape rules.
 // Broadcasts shapes as NumPy does; errors name `op` and show every shape.

@@ -3,6 +3,7 @@
 // its dtype and device. Copying a Tensor copies the handle; views share storage.
 // Op declarations live in core/ops/*.h, not here.
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <iosfwd>
 #include <memory>
@@ -24,6 +25,7 @@ Shape contiguous_strides(const Shape& shape);
 int64_t wrap_dim(int64_t dim, int64_t ndim, const char* op);
 
 struct AutogradMeta;  // defined by autograd/
+class Node;           // a backward-graph node, defined by autograd/
 
 struct TensorImpl {
   Storage storage;
@@ -113,8 +115,28 @@ class Tensor {
   Tensor& zero_();
   Tensor& copy_(const Tensor& src);  // broadcasts src and converts its dtype
 
-  // Autograd state (the engine arrives with the autograd layer).
+  // Autograd (implemented in autograd/). Only floating tensors can require grad.
   bool requires_grad() const { return get().requires_grad; }
+  Tensor& requires_grad_(bool on = true);  // leaves only
+  bool is_leaf() const;                          // made by the user, not by an op on grad
+  // The accumulated gradient: undefined until a backward pass reaches this leaf (or a
+  // non-leaf that called retain_grad).
+  Tensor grad() const;
+  void set_grad(const Tensor& grad) const;  // undefined clears it
+  std::shared_ptr<Node> grad_fn() const;    // null for leaves
+  // Back-propagates from this tensor (a scalar, or with `gradient` of its shape),
+  // accumulating into the .grad of every leaf that requires grad.
+  void backward(const Tensor& gradient = {}, bool retain_graph = false,
+                bool create_graph = false) const;
+  // The same data, cut from the graph (shares storage, requires no grad).
+  Tensor detach() const;
+  void retain_grad() const;  // keep .grad for a non-leaf
+  // hook(grad) runs when the gradient for this tensor is computed; a defined result
+  // replaces the gradient. Returns a handle for remove_hook.
+  int register_hook(std::function<Tensor(const Tensor&)> hook) const;
+  void remove_hook(int handle) const;
+  // hook(tensor) runs after a backward pass accumulated into this leaf's .grad.
+  int register_post_accumulate_grad_hook(std::function<void(const Tensor&)> hook) const;
 
   std::string str() const;  // PyTorch-like repr: tensor([[1., 2.], ...])
 

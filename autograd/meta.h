@@ -1,0 +1,28 @@
+#pragma once
+// What autograd keeps per tensor: its gradient, the node that made it, and hooks.
+#include <functional>
+#include <map>
+#include <memory>
+
+#include "autograd/node.h"
+
+namespace kiln {
+
+struct AutogradMeta {
+  Tensor grad;
+  std::shared_ptr<Node> grad_fn;      // null for leaves
+  uint32_t output_nr = 0;             // which output of grad_fn this tensor is
+  std::shared_ptr<Node> accumulator;  // a leaf's AccumulateGrad node, made on first use
+  bool retains_grad = false;
+  std::map<int, std::function<Tensor(const Tensor&)>> leaf_hooks;
+  std::map<int, std::function<void(const Tensor&)>> post_accumulate_hooks;
+};
+
+// The tensor's meta, made on first use.
+AutogradMeta& autograd_meta(const Tensor& t);
+// The edge a gradient for `t` travels along: its grad_fn's output, or its accumulator.
+Edge gradient_edge(const Tensor& t);
+// A handle number, unique in the process.
+int next_hook_handle();
+
+}  // namespace kiln
