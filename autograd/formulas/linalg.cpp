@@ -1,0 +1,70 @@
+// Backward formulas of the matrix products: for C = A B, dA = dC B^T and dB = A^T dC, with
+// 1-d operands promoted to matrices and broadcast batch dims summed back.
+#include "core/ops/linalg.h"
+
+#include "autograd/formula.h"
+#include "core/ops/elementwise.h"
+
+namespace kiln {
+namespace {
+
+bool is_one(Scalar s) { return s.to_double() == 1.0; }
+
+// matmul: a 1-d left operand is a row [1, k], a 1-d right operand a column [k, 1]; the
+// gradient gets those dims back, the products run as batched matmuls, and each operand's
+// gradient is summed over the batch dims it was broadcast along.
+std::vector<Tensor> matmul_backward(const BackwardContext& c) {
+  const Tensor &a = c.input(0), &b = c.input(1);
+  const bool a_vector = a.dim() == 1, b_vector = b.dim() == 1;
+  const Tensor a2 = a_vector ? a.unsqueeze(0) : a;
+  const Tensor b2 = b_vector ? b.unsqueeze(-1) : b;
+  Tensor g = c.grad();
+  if (b_vector) g = g.unsqueeze(-1);
+  if (a_vector) g = g.unsqueeze(-2);
+  std::vector<Tensor> out(2);
+  if (c.needs(0)) out[0] = sum_to(matmul(g, b2.transpose(-1, -2)), a2.shape()).reshape(a.shape());
+  if (c.needs(1)) out[1] = sum_to(matmul(a2.transpose(-1, -2), g), b2.shape()).reshape(b.shape());
+  return out;
+}
+
+std::vector<Tensor> mm_backward(const BackwardContext& c) {
+  const Tensor& g = c.grad();
+  std::vector<Tensor> out(2);
+  if (c.needs(0)) out[0] = mm(g, c.input(1).t());
+  if (c.needs(1)) out[1] = mm(c.input(0).t(), g);
+  return out;
+}
+
+std::vector<Tensor> bmm_backward(const BackwardContext& c) {
+  const Tensor& g = c.grad();
+  std::vector<Tensor> out(2);
+  if (c.needs(0)) out[0] = bmm(g, c.input(1).transpose(1, 2));
+  if (c.needs(1)) out[1] = bmm(c.input(0).transpose(1, 2), g);
+  return out;
+}
+
+// addmm = beta bias + alpha (a @ b): the bias gradient is beta g summed to its broadcast
+// shape, the operands' are alpha times mm's.
+std::vector<Tensor> addmm_backward(const BackwardContext& c) {
+  const Tensor& g = c.grad();
+  const Scalar beta = c.attrs.has("beta") ? c.attrs.scalar("beta") : Scalar(1);
+  const Scalar alpha = c.attrs.has("alpha") ? c.attrs.scalar("alpha") : Scalar(1);
+  const Tensor ga = is_one(alpha) ? g : g * alpha;
+  std::vector<Tensor> out(3);
+  if (c.needs(0)) out[0] = sum_to(is_one(beta) ? g : g * beta, c.input_metas[0].shape);
+  if (c.needs(1)) out[1] = mm(ga, c.input(2).t());
+  if (c.needs(2)) out[2] = mm(c.input(1).t(), ga);
+  return out;
+}
+
+struct Registrar {
+  Registrar() {
+    register_backward("matmul", {.fn = matmul_backward});
+    register_backward("mm", {.fn = mm_backward});
+    register_backward("bmm", {.fn = bmm_backward});
+    register_backward("addmm", {.fn = addmm_backward});
+  }
+} registrar;
+
+}  // namespace
+}  // namespace kiln
