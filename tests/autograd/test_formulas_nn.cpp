@@ -282,9 +282,8 @@ TEST_CASE("mse_loss gradients for both operands with broadcasting", "[formulas-n
   CHECK_FALSE(t.grad().defined());
 }
 
-// Needs the relu, matmul and view formulas, written elsewhere: allowed to fail ("[!mayfail]",
-// reported but not counted) until they are merged; drop the tag then.
-TEST_CASE("a tiny conv net has correct gradients end to end", "[formulas-nn][!mayfail]") {
+// conv -> batch_norm -> relu -> max_pool -> flatten -> matmul -> cross_entropy, end to end.
+TEST_CASE("a tiny conv net has correct gradients end to end", "[formulas-nn]") {
   Tensor x = leaf({2, 1, 6, 6}, 121);
   Tensor conv_w = leaf({2, 1, 3, 3}, 122), conv_b = leaf({2}, 123);
   Tensor bn_w = leaf({2}, 124), bn_b = leaf({2}, 125);
