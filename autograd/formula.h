@@ -29,6 +29,9 @@ struct BackwardFormula {
   Fn fn = nullptr;
   bool saves_inputs = true;
   bool saves_outputs = false;
+  // Inputs not saved even when saves_inputs is set: ones the formula never reads and that
+  // may legitimately change before backward (batch norm's running statistics).
+  std::vector<int> unsaved_inputs = {};
 };
 
 // Attaches `formula` to `op` (from a static initializer in autograd/formulas/).

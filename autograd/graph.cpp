@@ -1,5 +1,6 @@
 // Building the backward graph: the recorder that turns each op on grad-requiring inputs
 // into a node, the nodes themselves, and Tensor's autograd methods.
+#include <algorithm>
 #include <atomic>
 
 #include "autograd/formula.h"
@@ -65,7 +66,10 @@ class OpNode final : public Node {
       input_metas_.push_back(TensorMeta::of(t));
       const bool before = i < call.inputs_before.size() && call.inputs_before[i].defined();
       const Tensor& value = before ? call.inputs_before[i] : t;
-      inputs_.push_back(f && f->saves_inputs ? SavedTensor::of(value, false) : SavedTensor{});
+      const bool save = f && f->saves_inputs &&
+                        std::find(f->unsaved_inputs.begin(), f->unsaved_inputs.end(),
+                                  static_cast<int>(i)) == f->unsaved_inputs.end();
+      inputs_.push_back(save ? SavedTensor::of(value, false) : SavedTensor{});
     }
     for (const Tensor& t : call.outputs)
       outputs_.push_back(f && f->saves_outputs ? SavedTensor::of(t, true) : SavedTensor{});

@@ -200,7 +200,11 @@ struct Registrar {
     register_backward("avg_pool2d", {.fn = avg_pool2d_backward_formula, .saves_inputs = false});
     register_backward("adaptive_avg_pool2d",
                       {.fn = adaptive_avg_pool2d_backward_formula, .saves_inputs = false});
-    register_backward("batch_norm", {.fn = batch_norm_backward_formula, .saves_outputs = true});
+    // The running statistics (inputs 3 and 4) are not read by the formula, and a layer used
+    // twice before backward updates them again: don't save them.
+    register_backward("batch_norm", {.fn = batch_norm_backward_formula,
+                                     .saves_outputs = true,
+                                     .unsaved_inputs = {3, 4}});
     register_backward("layer_norm", {.fn = layer_norm_backward_formula, .saves_outputs = true});
     register_backward(
         "softmax",

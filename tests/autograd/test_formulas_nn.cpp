@@ -299,3 +299,18 @@ TEST_CASE("a tiny conv net has correct gradients end to end", "[formulas-nn]") {
   };
   CHECK(gradcheck(net, {x, conv_w, conv_b, bn_w, bn_b, fc}));
 }
+
+TEST_CASE("a batch_norm used twice before backward still backpropagates", "[formulas-nn]") {
+  // The second call updates the running statistics in place; the first call's node must
+  // not have saved them.
+  Tensor x = randn({4, 3, 2, 2}, {.dtype = DType::f64}).requires_grad_();
+  Tensor rm = zeros({3}, {.dtype = DType::f64}), rv = ones({3}, {.dtype = DType::f64});
+  Tensor y1 = batch_norm(x, {}, {}, rm, rv, true, 0.1, 1e-5);
+  Tensor y2 = batch_norm(x * 2, {}, {}, rm, rv, true, 0.1, 1e-5);
+  (sum(y1 * y1) + sum(y2 * x)).backward();
+  CHECK(x.grad().defined());
+  CHECK(gradcheck([&](const std::vector<Tensor>& in) {
+    return batch_norm(in[0], {}, {}, rm, rv, true, 0.1, 1e-5) +
+           batch_norm(in[0] * 2, {}, {}, rm, rv, true, 0.1, 1e-5) * in[0];
+  }, {x}));
+}
