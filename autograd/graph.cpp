@@ -84,8 +84,23 @@ class OpNode final : public Node {
     std::vector<Tensor> inputs, outputs;
     for (size_t i = 0; i < inputs_.size(); ++i)
       inputs.push_back(inputs_[i].data.defined() ? inputs_[i].unpack(op_, i, "input") : Tensor());
-    for (size_t i = 0; i < outputs_.size(); ++i)
-      outputs.push_back(outputs_[i].data.defined() ? outputs_[i].unpack(op_, i, "output") : Tensor());
+    for (size_t i = 0; i < outputs_.size(); ++i) {
+      if (!outputs_[i].data.defined()) {
+        outputs.emplace_back();
+        continue;
+      }
+      Tensor out = outputs_[i].unpack(op_, i, "output");
+      if (GradMode::is_enabled()) {
+        // A create_graph backward: reattach the output to this node (saved without it to
+        // avoid a cycle), so that formulas reading it stay differentiable.
+        out = out.detach();
+        AutogradMeta& meta = autograd_meta(out);
+        meta.grad_fn = shared_from_this();
+        meta.output_nr = static_cast<uint32_t>(i);
+        out.impl()->requires_grad = true;
+      }
+      outputs.push_back(out);
+    }
     std::unique_ptr<bool[]> needs(new bool[next_edges_.size()]);
     for (size_t i = 0; i < next_edges_.size(); ++i) needs[i] = next_edges_[i].node != nullptr;
     BackwardContext ctx{op_,     attrs_,       inputs, outputs, input_metas_,

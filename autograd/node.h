@@ -20,7 +20,7 @@ struct Edge {
   uint32_t input_nr = 0;       // which of node's outputs-of-forward this gradient is for
 };
 
-class Node {
+class Node : public std::enable_shared_from_this<Node> {
  public:
   virtual ~Node() = default;
   // grads[i] is the gradient of forward output i (undefined when nothing flowed to it);

@@ -162,3 +162,24 @@ TEST_CASE("gradcheck passes on correct formulas and reports a wrong one", "[auto
   CHECK_THROWS_WITH(gradcheck([](const std::vector<Tensor>& in) { return in[0] * in[0]; }, {c}),
                     Catch::Contains("finite differences"));
 }
+
+TEST_CASE("double backward through formulas that read their saved output", "[autograd]") {
+  // d/dx exp(x) = exp(x): its formula reads the output, which is saved without its graph;
+  // a create_graph backward reattaches it, so the second derivative is exp(x) too.
+  Tensor x = tensor_of({0.5, -1.0}, {2}, DType::f64).requires_grad_();
+  Tensor y = exp(x);
+  y.backward(ones({2}, {.dtype = DType::f64}), false, true);
+  Tensor g = x.grad();
+  REQUIRE(g.requires_grad());
+  x.set_grad({});
+  g.backward(ones({2}, {.dtype = DType::f64}));
+  KILN_CHECK_CLOSE(x.grad(), exp(x.detach()), 1e-12, 0);
+  // tanh'' = -2 tanh (1 - tanh^2)
+  Tensor z = tensor_of({0.3}, {1}, DType::f64).requires_grad_();
+  tanh(z).backward(ones({1}, {.dtype = DType::f64}), false, true);
+  Tensor gz = z.grad();
+  z.set_grad({});
+  gz.backward(ones({1}, {.dtype = DType::f64}));
+  const double t = std::tanh(0.3);
+  KILN_CHECK_CLOSE(z.grad(), tensor_of({-2 * t * (1 - t * t)}, {1}, DType::f64), 1e-12, 0);
+}
