@@ -18,7 +18,8 @@ namespace {
 Tensor to_input(const BackwardContext& c, size_t i, const Tensor& g) {
   const TensorMeta& meta = c.input_metas[i];
   Tensor r = sum_to(g, meta.shape);
-  return r.dtype() == meta.dtype ? r : r.to(meta.dtype);
+  if (r.dtype() != meta.dtype) r = r.to(meta.dtype);
+  return r.device() == meta.device ? r : r.to(meta.device);
 }
 
 // A unary op's formula from the function giving its input's gradient.
@@ -227,6 +228,8 @@ struct Registrar {
     register_backward("clamp", {.fn = unary<clamp_grad>});
     register_backward("cast", reads_nothing(unary<pass_grad>));
     register_backward("clone", reads_nothing(unary<pass_grad>));
+    register_backward("to_device", reads_nothing(unary<pass_grad>));  // back to the input's device
+    register_backward("fill", reads_nothing(unary<sign_grad>));  // the result ignores the input
 
     register_backward("add", reads_nothing(add_sub_backward<false>));
     register_backward("sub", reads_nothing(add_sub_backward<true>));

@@ -331,3 +331,11 @@ TEST_CASE("an op without a formula records a node whose backward names the op", 
   CHECK_THROWS_WITH(y.backward(ones_like(y)), Catch::Contains("mse_loss_backward") &&
                                                   Catch::Contains("backward is not implemented"));
 }
+
+TEST_CASE("fill_ on a non-leaf cuts the gradient to its old value", "[formulas-elementwise]") {
+  Tensor a = tensor_of({1, 2}, {2}, DType::f64).requires_grad_();
+  Tensor b = a * 3;
+  b.fill_(5);
+  (b * a).backward(ones({2}, {.dtype = DType::f64}));
+  KILN_CHECK_EQUAL(a.grad(), tensor_of({5, 5}, {2}));  // only through the second factor
+}
