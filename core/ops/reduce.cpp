@@ -163,7 +163,8 @@ const OpDef& kLogsumexp = define_op({.name = "logsumexp", .infer = infer_logsume
 template <const char* op>
 std::vector<TensorMeta> infer_all_any(std::span<const TensorMeta> in, const Attrs& a) {
   Shape shape = reduce_shape(in, dims_attr(a), keepdim_attr(a), op);
-  return {meta(in, std::move(shape), DType::boolean)};
+  // As in PyTorch, u8 inputs give u8 (0 or 1); every other dtype gives bool.
+  return {meta(in, std::move(shape), in[0].dtype == DType::u8 ? DType::u8 : DType::boolean)};
 }
 constexpr char kAllName[] = "all";
 constexpr char kAnyName[] = "any";

@@ -308,6 +308,12 @@ void logsumexp_kernel(Span in, Span out, const Attrs& a) {
 
 template <bool is_all>
 void all_any_kernel(Span in, Span out, const Attrs& a) {
+  if (out[0].dtype() != DType::boolean) {  // u8 inputs: reduce into bool, then convert
+    const Tensor tmp = make_tensor(out[0].shape(), DType::boolean, out[0].device());
+    all_any_kernel<is_all>(in, std::span<const Tensor>(&tmp, 1), a);
+    Tensor(out[0]).copy_(tmp);
+    return;
+  }
   const Plan p(in[0], DType::boolean, dims_attr(a), is_all ? "all" : "any");
   const Tensor o = p.target(out[0]);
   run(p, AllAnyOp<is_all>{o.data_ptr<bool>()});

@@ -231,3 +231,13 @@ TEST_CASE("transposed / channels-last and expanded inputs agree with contiguous 
   KILN_CHECK_CLOSE(logsumexp(e, {0, 1}), logsumexp(ec, {0, 1}), 1e-6, 1e-6);
   KILN_CHECK_EQUAL(max(e, 1).indices, zeros({3, 5}, {.dtype = DType::i64}));
 }
+
+TEST_CASE("all and any of u8 give u8 as in PyTorch", "[reduce]") {
+  Tensor x = from_vector<uint8_t>({0, 3, 1, 1}, {2, 2});
+  CHECK(all(x).dtype() == DType::u8);
+  CHECK(all(x).item<int64_t>() == 0);
+  CHECK(any(x, {0}).dtype() == DType::u8);
+  KILN_CHECK_EQUAL(any(x, {0}), from_vector<uint8_t>({1, 1}));
+  KILN_CHECK_EQUAL(all(x, {1}), from_vector<uint8_t>({0, 1}));
+  CHECK(all(from_vector<int32_t>({1, 2})).dtype() == DType::boolean);
+}
