@@ -26,4 +26,6 @@
 #include "models/functional.h"
 #include "models/init.h"
 #include "models/layers.h"
+#include "models/resnet.h"
 #include "models/safetensors.h"
+#include "models/small_models.h"
