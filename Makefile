@@ -4,7 +4,7 @@ BUILD_TYPE ?= Release
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build test train bench clean
+.PHONY: all deps configure build test train bench parity clean
 
 all: build
 
@@ -29,6 +29,14 @@ train: build
 
 bench: build
 	$(BUILD)/bin/kiln-bench ops
+
+# ResNet-18 against torchvision (Debian's python3-torch); not part of `make test`, whose
+# machines need not download PyTorch. Installs it when run as root.
+parity: build
+	@/usr/bin/python3 -c "import torch, torchvision" 2>/dev/null || \
+	  { [ "$$(id -u)" -eq 0 ] && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-torch python3-torchvision; } || \
+	  { echo "kiln: parity needs python3-torch and python3-torchvision (apt-get install them)"; exit 1; }
+	cd $(BUILD) && ctest -R parity --output-on-failure
 
 clean:
 	rm -rf $(BUILD)
