@@ -50,9 +50,10 @@ void run_backward(const Edge& root, const Tensor& root_grad, bool retain_graph) 
     std::vector<Tensor> grads = std::move(buffers[n]);
     buffers.erase(n);
     grads.resize(n->num_outputs());
-    for (auto& [k, hooks] : n->output_hooks()) {
+    const auto output_hooks = n->output_hooks();  // a copy: hooks may remove themselves
+    for (const auto& [k, hooks] : output_hooks) {
       if (k >= grads.size() || !grads[k].defined()) continue;
-      for (auto& [handle, hook] : hooks) {
+      for (const auto& [handle, hook] : hooks) {
         Tensor replaced = hook(grads[k]);
         if (replaced.defined()) grads[k] = replaced;
       }
@@ -89,8 +90,9 @@ void Tensor::backward(const Tensor& gradient, bool retain_graph, bool create_gra
                meta_str());
     g = ones_like(*this);
   }
-  KILN_CHECK(g.shape() == shape(), "backward: gradient {} does not match the output {}",
-             g.meta_str(), meta_str());
+  KILN_CHECK(g.shape() == shape() && g.device() == device(),
+             "backward: gradient {} does not match the output {}", g.meta_str(), meta_str());
+  if (g.dtype() != dtype()) g = g.to(dtype());
   if (!create_graph) g = g.detach();
   // Formulas run with grad mode on only when the caller wants a graph of the backward.
   if (create_graph) {

@@ -17,6 +17,7 @@ bool gradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& fn,
     KILN_CHECK(x.dtype() == DType::f64, "gradcheck: input {} is {}; gradcheck needs f64", i,
                x.meta_str());
     KILN_CHECK(x.is_leaf(), "gradcheck: input {} ({}) must be a leaf", i, x.meta_str());
+    KILN_CHECK(x.device().is_cpu(), "gradcheck: input {} ({}) must be on the CPU", i, x.meta_str());
     for (int64_t d = 0; d < x.dim(); ++d)
       KILN_CHECK(x.strides()[d] != 0 || x.shape()[d] <= 1,
                  "gradcheck: input {} ({}) has elements that share memory", i, x.meta_str());

@@ -2,6 +2,7 @@
 // into a node, the nodes themselves, and Tensor's autograd methods.
 #include <algorithm>
 #include <atomic>
+#include <mutex>
 
 #include "autograd/formula.h"
 #include "autograd/meta.h"
@@ -34,12 +35,13 @@ namespace {
 struct SavedTensor {
   Tensor data;
   uint64_t version = 0;
+  bool saved = false;  // stays true after release(), so a later read says "freed"
 
   // Outputs are saved without their graph (an output's grad_fn is the node saving it:
   // a cycle); inputs keep theirs, so that a create_graph backward stays connected.
   static SavedTensor of(const Tensor& t, bool is_output) {
     if (!t.defined()) return {};
-    return {is_output ? t.detach() : t, t.storage()->version.load()};
+    return {is_output ? t.detach() : t, t.storage()->version.load(), true};
   }
   const Tensor& unpack(const OpDef& op, size_t index, const char* what) const {
     KILN_CHECK(data.defined(),
@@ -77,20 +79,16 @@ class OpNode final : public Node {
 
   std::vector<Tensor> apply(std::vector<Tensor> grads) override {
     KILN_CHECK(op_.backward, "{}: backward is not implemented for this op", op_.name);
-    KILN_CHECK(!released_,
-               "{}: backward through the graph a second time, but its saved tensors were freed "
-               "(call backward with retain_graph=true the first time)",
-               op_.name);
     std::vector<Tensor> inputs, outputs;
     for (size_t i = 0; i < inputs_.size(); ++i)
-      inputs.push_back(inputs_[i].data.defined() ? inputs_[i].unpack(op_, i, "input") : Tensor());
+      inputs.push_back(inputs_[i].saved ? inputs_[i].unpack(op_, i, "input") : Tensor());
     for (size_t i = 0; i < outputs_.size(); ++i) {
-      if (!outputs_[i].data.defined()) {
+      if (!outputs_[i].saved) {
         outputs.emplace_back();
         continue;
       }
       Tensor out = outputs_[i].unpack(op_, i, "output");
-      if (GradMode::is_enabled()) {
+      if (GradMode::is_enabled() && is_floating(out.dtype())) {
         // A create_graph backward: reattach the output to this node (saved without it to
         // avoid a cycle), so that formulas reading it stay differentiable.
         out = out.detach();
@@ -114,9 +112,8 @@ class OpNode final : public Node {
 
   std::string name() const override { return op_.name + "_backward"; }
   void release() override {
-    released_ = true;
-    inputs_.clear();
-    outputs_.clear();
+    for (SavedTensor& s : inputs_) s.data = Tensor();
+    for (SavedTensor& s : outputs_) s.data = Tensor();
   }
 
  private:
@@ -124,7 +121,6 @@ class OpNode final : public Node {
   Attrs attrs_;
   std::vector<TensorMeta> input_metas_;
   std::vector<SavedTensor> inputs_, outputs_;
-  bool released_ = false;
 };
 
 // A leaf's sink: adds the incoming gradient into the leaf's .grad.
@@ -133,12 +129,15 @@ class AccumulateGrad final : public Node {
   explicit AccumulateGrad(const Tensor& leaf) : leaf_(leaf.impl_ptr()) { num_outputs_ = 1; }
 
   std::vector<Tensor> apply(std::vector<Tensor> grads) override {
+    std::lock_guard lock(mutex_);  // two threads' backward passes may share a leaf
     std::shared_ptr<TensorImpl> impl = leaf_.lock();
     if (!impl || !grads[0].defined()) return {};
     Tensor leaf(impl);
     AutogradMeta& meta = autograd_meta(leaf);
     Tensor g = grads[0];
-    for (auto& [handle, hook] : meta.leaf_hooks) {
+    // Copies: a hook may remove itself (or others) while it runs.
+    const auto leaf_hooks = meta.leaf_hooks;
+    for (const auto& [handle, hook] : leaf_hooks) {
       Tensor replaced = hook(g);
       if (replaced.defined()) g = replaced;
     }
@@ -147,19 +146,21 @@ class AccumulateGrad final : public Node {
     if (!meta.grad.defined()) {
       // Own the memory: the same gradient tensor may flow to several leaves (a + b), or be
       // a view of something else (an expand).
-      meta.grad = GradMode::is_enabled() ? g : g.detach().clone();
+      meta.grad = GradMode::is_enabled() ? g.clone() : g.detach().clone();
     } else if (GradMode::is_enabled()) {
       meta.grad = meta.grad + g;  // create_graph: keep the sum differentiable
     } else {
       meta.grad.add_(g);
     }
-    for (auto& [handle, hook] : meta.post_accumulate_hooks) hook(leaf);
+    const auto post_hooks = meta.post_accumulate_hooks;
+    for (const auto& [handle, hook] : post_hooks) hook(leaf);
     return {};
   }
   std::string name() const override { return "AccumulateGrad"; }
 
  private:
   std::weak_ptr<TensorImpl> leaf_;
+  std::mutex mutex_;
 };
 
 void record(const OpCall& call) {

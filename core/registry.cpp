@@ -186,7 +186,9 @@ bool any_requires_grad(std::span<const Tensor> inputs) {
 // After the kernel, before the tracing hook: the tracer sees outputs with their graph.
 void after_op(const OpCall& call) {
   if (t_depth != 0) return;
-  if (g_recorder && GradMode::is_enabled() && any_requires_grad(call.inputs)) g_recorder(call);
+  const bool grad_target = call.inplace && call.outputs[0].requires_grad();
+  if (g_recorder && GradMode::is_enabled() && (grad_target || any_requires_grad(call.inputs)))
+    g_recorder(call);
   if (t_hook) t_hook(call);
 }
 }  // namespace
@@ -242,6 +244,8 @@ static std::vector<Tensor> run_op(const OpDef& op, std::vector<Tensor> inputs, c
   if (op.kind == OpKind::view) {
     op.infer(metas, attrs);  // validates
     outputs.push_back(op.view(inputs.at(0), attrs));
+    const Tensor& in = inputs.at(0);
+    outputs[0].impl()->view_base = in.impl()->view_base ? in.impl()->view_base : in.impl_ptr();
   } else {
     std::vector<TensorMeta> out_metas = op.infer(metas, attrs);
     Device device = out_metas.empty() ? Device::cpu() : out_metas[0].device;
@@ -339,10 +343,20 @@ static void run_op_out(const OpDef& op, std::vector<Tensor> inputs, const Attrs&
   KILN_CHECK(m.device == out.device(), "{}: result on {} but the in-place target is on {}",
              op.name, m.device, out.device());
   check_inplace_overlap(op, inputs, out);
-  KILN_CHECK(!(GradMode::is_enabled() && out.requires_grad() && out.is_leaf()),
-             "a leaf tensor that requires grad ({}) is used in an in-place operation; do it "
-             "under NoGradGuard or on a clone",
-             out.meta_str());
+  if (t_depth == 0 && GradMode::is_enabled()) {
+    KILN_CHECK(!(out.requires_grad() && out.is_leaf()),
+               "a leaf tensor that requires grad ({}) is used in an in-place operation; do it "
+               "under NoGradGuard or on a clone",
+               out.meta_str());
+    // Writing through a view would have to rewrite the base's graph too (PyTorch's
+    // CopySlices), which kiln does not do yet: refuse rather than give wrong gradients.
+    const auto& base = out.impl()->view_base;
+    KILN_CHECK(!base || !(base->requires_grad || any_requires_grad(inputs)),
+               "an in-place operation on a view ({}) of a tensor that requires grad, or with "
+               "inputs that require grad, is not supported yet; clone() the view or build the "
+               "result out of place",
+               out.meta_str());
+  }
   KernelFn kernel = kernel_for(op, m.device, metas);
   std::vector<Tensor> outputs{out};
   std::vector<Tensor> before;

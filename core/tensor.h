@@ -38,6 +38,9 @@ struct TensorImpl {
   bool wrapped_number = false;
   bool requires_grad = false;
   std::shared_ptr<AutogradMeta> autograd;
+  // For a tensor made by a view op: the tensor it views (never itself a view), so that
+  // autograd can refuse in-place writes through views of tensors that require grad.
+  std::shared_ptr<TensorImpl> view_base;
 };
 
 class Tensor {

@@ -75,6 +75,11 @@ void Module::register_child(const std::string& name, std::shared_ptr<Module> chi
   check_new_name(name, "add");
   KILN_CHECK(child && child->state_ != state_, "add: {} cannot be its own child '{}'",
              type_name(), name);
+  // A cycle would make every traversal recurse forever (and leak both modules).
+  bool cycle = false;
+  child->visit("", true, [&](const std::string&, Module& m) { cycle |= m.state_ == state_; });
+  KILN_CHECK(!cycle, "add: {} '{}' already contains {}: a module cannot contain itself",
+             child->type_name(), name, type_name());
   state_->children.emplace_back(name, std::move(child));
 }
 
@@ -264,8 +269,14 @@ void Module::zero_grad(bool set_to_none) {
 }
 
 Module& Module::apply(const std::function<void(Module&)>& fn) {
-  for (auto& [name, child] : state_->children) child->apply(fn);
-  fn(*this);
+  // Children first, as in PyTorch; a module shared by two parents is visited once.
+  std::set<const detail::ModuleState*> seen;
+  std::function<void(Module&)> walk = [&](Module& m) {
+    if (!seen.insert(m.state_.get()).second) return;
+    for (auto& [name, child] : m.state_->children) walk(*child);
+    fn(m);
+  };
+  walk(*this);
   return *this;
 }
 

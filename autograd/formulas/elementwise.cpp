@@ -238,7 +238,7 @@ struct Registrar {
     register_backward("pow", {.fn = pow_backward, .saves_outputs = true});
     register_backward("maximum", {.fn = max_min_backward<true>});
     register_backward("minimum", {.fn = max_min_backward<false>});
-    register_backward("where", {.fn = where_backward});
+    register_backward("where", {.fn = where_backward, .unsaved_inputs = {1, 2}});
   }
 } registrar;
 

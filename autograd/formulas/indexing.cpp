@@ -161,10 +161,10 @@ struct Registrar {
     register_backward("cat", {.fn = cat_backward, .saves_inputs = false});
     register_backward("stack", {.fn = stack_backward, .saves_inputs = false});
     register_backward("pad", {.fn = pad_backward, .saves_inputs = false});
-    register_backward("gather", {.fn = gather_backward});
-    register_backward("scatter_add", {.fn = scatter_add_backward});
-    register_backward("index_select", {.fn = index_select_backward});
-    register_backward("embedding", {.fn = embedding_grad});
+    register_backward("gather", {.fn = gather_backward, .unsaved_inputs = {0}});
+    register_backward("scatter_add", {.fn = scatter_add_backward, .unsaved_inputs = {0, 2}});
+    register_backward("index_select", {.fn = index_select_backward, .unsaved_inputs = {0}});
+    register_backward("embedding", {.fn = embedding_grad, .unsaved_inputs = {0}});
     register_backward("embedding_backward", {.fn = embedding_backward_grad});
     register_backward("flip", {.fn = flip_backward, .saves_inputs = false});
     register_backward("tril", {.fn = tril_backward, .saves_inputs = false});

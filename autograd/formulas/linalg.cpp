@@ -62,7 +62,7 @@ struct Registrar {
     register_backward("matmul", {.fn = matmul_backward});
     register_backward("mm", {.fn = mm_backward});
     register_backward("bmm", {.fn = bmm_backward});
-    register_backward("addmm", {.fn = addmm_backward});
+    register_backward("addmm", {.fn = addmm_backward, .unsaved_inputs = {0}});
   }
 } registrar;
 

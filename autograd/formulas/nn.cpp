@@ -193,7 +193,7 @@ std::vector<Tensor> mse_loss_backward_formula(const BackwardContext& c) {
 
 struct Registrar {
   Registrar() {
-    register_backward("conv2d", {.fn = conv2d_backward});
+    register_backward("conv2d", {.fn = conv2d_backward, .unsaved_inputs = {2}});
     register_backward(
         "max_pool2d",
         {.fn = max_pool2d_backward_formula, .saves_inputs = false, .saves_outputs = true});

@@ -298,3 +298,18 @@ TEST_CASE("printing shows the module tree as PyTorch does", "[modules]") {
         ")");
   CHECK(nn::Module().str() == "Module()");
 }
+
+TEST_CASE("a module cannot contain itself through a child", "[modules]") {
+  nn::Sequential a, b;
+  a.push_back(b);
+  CHECK_THROWS_WITH(b.push_back(a), Catch::Contains("cannot contain itself"));
+}
+
+TEST_CASE("apply visits a module shared by two parents once", "[modules]") {
+  nn::Linear shared(2, 2);
+  nn::Sequential left{shared}, right{shared};
+  nn::Sequential net{left, right};
+  int linear_calls = 0;
+  net.apply([&](nn::Module& m) { linear_calls += m.type_name() == "Linear"; });
+  CHECK(linear_calls == 1);
+}
