@@ -113,4 +113,25 @@ inline double tol(DType dtype) {
   }
 }
 
+// Leaves for gradcheck: f64 normal values from a seeded generator, requiring grad; the
+// strided and transposed forms are non-contiguous.
+inline Tensor random_leaf(Shape shape, uint64_t seed = 1) {
+  Generator gen(seed);
+  Tensor t = randn(std::move(shape), {.dtype = DType::f64}, &gen);
+  t.requires_grad_();
+  return t;
+}
+inline Tensor random_strided_leaf(Shape shape, uint64_t seed = 2) {
+  Generator gen(seed);
+  Tensor t = strided_copy(randn(std::move(shape), {.dtype = DType::f64}, &gen));
+  t.requires_grad_();
+  return t;
+}
+inline Tensor random_transposed_leaf(Shape shape, uint64_t seed = 2) {
+  Generator gen(seed);
+  Tensor t = transposed_copy(randn(std::move(shape), {.dtype = DType::f64}, &gen));
+  t.requires_grad_();
+  return t;
+}
+
 }  // namespace kiln::testing

@@ -11,21 +11,6 @@ namespace {
 
 using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
 
-Tensor leaf(Shape shape, uint64_t seed = 1) {
-  Generator gen(seed);
-  Tensor t = randn(shape, {.dtype = DType::f64}, &gen);
-  t.requires_grad_();
-  return t;
-}
-
-// A leaf whose last two dims are stored transposed.
-Tensor transposed_leaf(Shape shape, uint64_t seed = 2) {
-  Generator gen(seed);
-  Tensor t = transposed_copy(randn(shape, {.dtype = DType::f64}, &gen));
-  t.requires_grad_();
-  return t;
-}
-
 void check_grad(const Fn& fn, const std::vector<Tensor>& inputs) {
   CHECK_NOTHROW(gradcheck(fn, inputs));
 }
@@ -35,41 +20,41 @@ const Fn kMatmul = [](const std::vector<Tensor>& in) { return matmul(in[0], in[1
 }  // namespace
 
 TEST_CASE("matmul gradients for vector and matrix operands", "[formulas-tensor]") {
-  check_grad(kMatmul, {leaf({3}), leaf({3}, 3)});     // dot
-  check_grad(kMatmul, {leaf({3}), leaf({3, 2}, 3)});  // row @ matrix
-  check_grad(kMatmul, {leaf({2, 3}), leaf({3}, 3)});  // matrix @ column
-  check_grad(kMatmul, {leaf({2, 3}), leaf({3, 4}, 3)});
-  check_grad(kMatmul, {transposed_leaf({2, 3}), transposed_leaf({3, 4}, 3)});
+  check_grad(kMatmul, {random_leaf({3}), random_leaf({3}, 3)});     // dot
+  check_grad(kMatmul, {random_leaf({3}), random_leaf({3, 2}, 3)});  // row @ matrix
+  check_grad(kMatmul, {random_leaf({2, 3}), random_leaf({3}, 3)});  // matrix @ column
+  check_grad(kMatmul, {random_leaf({2, 3}), random_leaf({3, 4}, 3)});
+  check_grad(kMatmul, {random_transposed_leaf({2, 3}), random_transposed_leaf({3, 4}, 3)});
 }
 
 TEST_CASE("matmul gradients for stacks and broadcast batch dims", "[formulas-tensor]") {
-  check_grad(kMatmul, {leaf({2, 2, 3}), leaf({3}, 3)});
-  check_grad(kMatmul, {leaf({3}), leaf({2, 3, 2}, 3)});
-  check_grad(kMatmul, {leaf({2, 2, 3}), leaf({3, 2}, 3)});
-  check_grad(kMatmul, {leaf({2, 3}), transposed_leaf({2, 3, 2}, 3)});
-  check_grad(kMatmul, {leaf({2, 1, 2, 3}), leaf({3, 3, 2}, 3)});
-  check_grad(kMatmul, {transposed_leaf({1, 2, 3}), leaf({2, 1, 3, 2}, 3)});
+  check_grad(kMatmul, {random_leaf({2, 2, 3}), random_leaf({3}, 3)});
+  check_grad(kMatmul, {random_leaf({3}), random_leaf({2, 3, 2}, 3)});
+  check_grad(kMatmul, {random_leaf({2, 2, 3}), random_leaf({3, 2}, 3)});
+  check_grad(kMatmul, {random_leaf({2, 3}), random_transposed_leaf({2, 3, 2}, 3)});
+  check_grad(kMatmul, {random_leaf({2, 1, 2, 3}), random_leaf({3, 3, 2}, 3)});
+  check_grad(kMatmul, {random_transposed_leaf({1, 2, 3}), random_leaf({2, 1, 3, 2}, 3)});
   // Only one operand needs a gradient.
-  check_grad(kMatmul, {leaf({2, 3}), randn({2, 3, 2}, {.dtype = DType::f64})});
+  check_grad(kMatmul, {random_leaf({2, 3}), randn({2, 3, 2}, {.dtype = DType::f64})});
 }
 
 TEST_CASE("mm and bmm gradients", "[formulas-tensor]") {
   check_grad([](const auto& in) { return mm(in[0], in[1]); },
-             {leaf({2, 3}), transposed_leaf({3, 2})});
+             {random_leaf({2, 3}), random_transposed_leaf({3, 2})});
   check_grad([](const auto& in) { return bmm(in[0], in[1]); },
-             {transposed_leaf({2, 2, 3}), leaf({2, 3, 2})});
+             {random_transposed_leaf({2, 2, 3}), random_leaf({2, 3, 2})});
 }
 
 TEST_CASE("addmm gradients scale by beta and alpha", "[formulas-tensor]") {
   for (const Shape& bias : {Shape{2, 4}, Shape{4}, Shape{1, 4}, Shape{2, 1}, Shape{}}) {
     INFO("bias " << shape_str(bias));
     check_grad([](const auto& in) { return addmm(in[0], in[1], in[2]); },
-               {leaf(bias), leaf({2, 3}, 3), leaf({3, 4}, 4)});
+               {random_leaf(bias), random_leaf({2, 3}, 3), random_leaf({3, 4}, 4)});
     check_grad([](const auto& in) { return addmm(in[0], in[1], in[2], 0.5, -2.0); },
-               {leaf(bias), transposed_leaf({2, 3}, 3), leaf({3, 4}, 4)});
+               {random_leaf(bias), random_transposed_leaf({2, 3}, 3), random_leaf({3, 4}, 4)});
   }
-  Tensor bias = leaf({4});
-  addmm(bias, leaf({2, 3}), leaf({3, 4}), 0).backward(ones({2, 4}, {.dtype = DType::f64}));
+  Tensor bias = random_leaf({4});
+  addmm(bias, random_leaf({2, 3}), random_leaf({3, 4}), 0).backward(ones({2, 4}, {.dtype = DType::f64}));
   KILN_CHECK_EQUAL(bias.grad(), zeros({4}));
 }
 
@@ -88,5 +73,5 @@ TEST_CASE("matmul gradients are differentiable under create_graph", "[formulas-t
     b.set_grad(b_grad);
     return g;
   };
-  check_grad(first_grad, {leaf({2, 3, 3}), leaf({3}, 3)});
+  check_grad(first_grad, {random_leaf({2, 3, 3}), random_leaf({3}, 3)});
 }

@@ -11,20 +11,6 @@ namespace {
 
 using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
 
-Tensor leaf(Shape shape, uint64_t seed = 1) {
-  Generator gen(seed);
-  Tensor t = randn(shape, {.dtype = DType::f64}, &gen);
-  t.requires_grad_();
-  return t;
-}
-
-Tensor strided_leaf(Shape shape, uint64_t seed = 2) {
-  Generator gen(seed);
-  Tensor t = strided_copy(randn(shape, {.dtype = DType::f64}, &gen));
-  t.requires_grad_();
-  return t;
-}
-
 Tensor leaf_of(std::vector<double> v, Shape shape) {
   Tensor t = tensor_of(v, shape, DType::f64);
   t.requires_grad_();
@@ -42,13 +28,13 @@ void check_all_variants(const std::function<Tensor(const Tensor&, const DimList&
     for (bool keepdim : {false, true}) {
       INFO("dims " << shape_str(dims) << " keepdim " << keepdim);
       Fn fn = [&](const std::vector<Tensor>& in) { return reduce(in[0], dims, keepdim); };
-      CHECK_NOTHROW(gradcheck(fn, {leaf({2, 3, 4})}));
-      CHECK_NOTHROW(gradcheck(fn, {strided_leaf({2, 3, 4})}));
+      CHECK_NOTHROW(gradcheck(fn, {random_leaf({2, 3, 4})}));
+      CHECK_NOTHROW(gradcheck(fn, {random_strided_leaf({2, 3, 4})}));
     }
   }
   for (bool keepdim : {false, true}) {
     Fn fn = [&](const std::vector<Tensor>& in) { return reduce(in[0], {}, keepdim); };
-    CHECK_NOTHROW(gradcheck(fn, {leaf({})}));
+    CHECK_NOTHROW(gradcheck(fn, {random_leaf({})}));
   }
 }
 
@@ -106,12 +92,12 @@ TEST_CASE("max and min with a dim send the gradient to the index", "[formulas-te
     for (bool keepdim : {false, true}) {
       INFO("dim " << dim << " keepdim " << keepdim);
       CHECK_NOTHROW(gradcheck([&](const auto& in) { return max(in[0], dim, keepdim).values; },
-                              {leaf({2, 3, 4})}));
+                              {random_leaf({2, 3, 4})}));
       CHECK_NOTHROW(gradcheck([&](const auto& in) { return min(in[0], dim, keepdim).values; },
-                              {strided_leaf({2, 3, 4})}));
+                              {random_strided_leaf({2, 3, 4})}));
     }
   }
-  CHECK_NOTHROW(gradcheck([](const auto& in) { return max(in[0], 0).values; }, {leaf({})}));
+  CHECK_NOTHROW(gradcheck([](const auto& in) { return max(in[0], 0).values; }, {random_leaf({})}));
   // Ties: the first index takes all of it; the indices output needs no gradient.
   Tensor x = leaf_of({2, 2, 1, 5}, {2, 2});
   ValuesIndices m = max(x, 1);
@@ -128,10 +114,10 @@ TEST_CASE("var and std gradients for each correction", "[formulas-tensor]") {
         INFO("dims " << shape_str(dims) << " keepdim " << keepdim);
         CHECK_NOTHROW(
             gradcheck([&](const auto& in) { return var(in[0], dims, correction, keepdim); },
-                      {leaf({3, 3, 4})}));
+                      {random_leaf({3, 3, 4})}));
         CHECK_NOTHROW(
             gradcheck([&](const auto& in) { return kiln::std(in[0], dims, correction, keepdim); },
-                      {strided_leaf({3, 3, 4})}));
+                      {random_strided_leaf({3, 3, 4})}));
       }
     }
   }
@@ -178,10 +164,10 @@ TEST_CASE("reduction gradients are differentiable under create_graph", "[formula
       [&](const auto& in) {
         return first_grad(in[0], [](const Tensor& x) { return sum(x * x * x, {1}); });
       },
-      {leaf({2, 3})}));
+      {random_leaf({2, 3})}));
   CHECK_NOTHROW(gradcheck(
       [&](const auto& in) {
         return first_grad(in[0], [](const Tensor& x) { return max(x * x, -1, true).values; });
       },
-      {leaf({2, 3})}));
+      {random_leaf({2, 3})}));
 }

@@ -10,21 +10,6 @@ namespace {
 
 using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
 
-Tensor leaf(Shape shape, uint64_t seed = 1) {
-  Generator gen(seed);
-  Tensor t = randn(shape, {.dtype = DType::f64}, &gen);
-  t.requires_grad_();
-  return t;
-}
-
-// A leaf whose elements are spread out (every other element of a larger buffer).
-Tensor strided_leaf(Shape shape, uint64_t seed = 2) {
-  Generator gen(seed);
-  Tensor t = strided_copy(randn(shape, {.dtype = DType::f64}, &gen));
-  t.requires_grad_();
-  return t;
-}
-
 void check_grad(const Fn& fn, const std::vector<Tensor>& inputs) {
   CHECK_NOTHROW(gradcheck(fn, inputs));
 }
@@ -32,66 +17,66 @@ void check_grad(const Fn& fn, const std::vector<Tensor>& inputs) {
 }  // namespace
 
 TEST_CASE("view and reshape gradients take the input shape", "[formulas-tensor]") {
-  check_grad([](const auto& in) { return in[0].view({6, 4}); }, {leaf({2, 3, 4})});
-  check_grad([](const auto& in) { return in[0].view({-1}); }, {leaf({2, 3})});
-  check_grad([](const auto& in) { return in[0].view({2, 2, 3}); }, {strided_leaf({2, 6})});
-  check_grad([](const auto& in) { return in[0].view({}); }, {leaf({1, 1})});
-  check_grad([](const auto& in) { return in[0].flatten(); }, {leaf({2, 3})});
+  check_grad([](const auto& in) { return in[0].view({6, 4}); }, {random_leaf({2, 3, 4})});
+  check_grad([](const auto& in) { return in[0].view({-1}); }, {random_leaf({2, 3})});
+  check_grad([](const auto& in) { return in[0].view({2, 2, 3}); }, {random_strided_leaf({2, 6})});
+  check_grad([](const auto& in) { return in[0].view({}); }, {random_leaf({1, 1})});
+  check_grad([](const auto& in) { return in[0].flatten(); }, {random_leaf({2, 3})});
 }
 
 TEST_CASE("permute gradients use the inverse permutation", "[formulas-tensor]") {
-  check_grad([](const auto& in) { return in[0].permute({2, 0, 1}); }, {leaf({2, 3, 4})});
-  check_grad([](const auto& in) { return in[0].permute({-1, 0, -2}); }, {strided_leaf({2, 3, 4})});
-  check_grad([](const auto& in) { return in[0].transpose(0, 1); }, {leaf({3, 2})});
+  check_grad([](const auto& in) { return in[0].permute({2, 0, 1}); }, {random_leaf({2, 3, 4})});
+  check_grad([](const auto& in) { return in[0].permute({-1, 0, -2}); }, {random_strided_leaf({2, 3, 4})});
+  check_grad([](const auto& in) { return in[0].transpose(0, 1); }, {random_leaf({3, 2})});
 }
 
 TEST_CASE("slice gradients land in zeros of the input shape", "[formulas-tensor]") {
-  check_grad([](const auto& in) { return in[0].slice(1, 1, 4); }, {leaf({2, 5})});
-  check_grad([](const auto& in) { return in[0].slice(1, 0, 5, 2); }, {leaf({2, 5})});
-  check_grad([](const auto& in) { return in[0].slice(-1, 1, 6, 3); }, {leaf({2, 7})});
-  check_grad([](const auto& in) { return in[0].slice(0, -3, -1, 2); }, {strided_leaf({5, 2})});
-  check_grad([](const auto& in) { return in[0].slice(0, 2, 100, 1); }, {leaf({4, 2})});
-  check_grad([](const auto& in) { return in[0].slice(0, 3, 3, 1); }, {leaf({4, 2})});
+  check_grad([](const auto& in) { return in[0].slice(1, 1, 4); }, {random_leaf({2, 5})});
+  check_grad([](const auto& in) { return in[0].slice(1, 0, 5, 2); }, {random_leaf({2, 5})});
+  check_grad([](const auto& in) { return in[0].slice(-1, 1, 6, 3); }, {random_leaf({2, 7})});
+  check_grad([](const auto& in) { return in[0].slice(0, -3, -1, 2); }, {random_strided_leaf({5, 2})});
+  check_grad([](const auto& in) { return in[0].slice(0, 2, 100, 1); }, {random_leaf({4, 2})});
+  check_grad([](const auto& in) { return in[0].slice(0, 3, 3, 1); }, {random_leaf({4, 2})});
 
-  Tensor x = leaf({7});
+  Tensor x = random_leaf({7});
   x.slice(0, 1, 7, 4).backward(ones({2}, {.dtype = DType::f64}));
   KILN_CHECK_EQUAL(x.grad(), tensor_of({0, 1, 0, 0, 0, 1, 0}, {7}));
 }
 
 TEST_CASE("select gradients land in one slice of zeros", "[formulas-tensor]") {
-  check_grad([](const auto& in) { return in[0].select(0, 1); }, {leaf({3, 2})});
-  check_grad([](const auto& in) { return in[0].select(-1, -1); }, {strided_leaf({2, 3})});
-  check_grad([](const auto& in) { return in[0][0]; }, {leaf({1, 2, 2})});
+  check_grad([](const auto& in) { return in[0].select(0, 1); }, {random_leaf({3, 2})});
+  check_grad([](const auto& in) { return in[0].select(-1, -1); }, {random_strided_leaf({2, 3})});
+  check_grad([](const auto& in) { return in[0][0]; }, {random_leaf({1, 2, 2})});
 }
 
 TEST_CASE("expand gradients sum over the expanded dims", "[formulas-tensor]") {
-  check_grad([](const auto& in) { return in[0].expand({2, 3, 4}); }, {leaf({3, 1})});
-  check_grad([](const auto& in) { return in[0].expand({2, -1}); }, {strided_leaf({1, 3})});
-  check_grad([](const auto& in) { return in[0].expand({2, 2}); }, {leaf({})});
+  check_grad([](const auto& in) { return in[0].expand({2, 3, 4}); }, {random_leaf({3, 1})});
+  check_grad([](const auto& in) { return in[0].expand({2, -1}); }, {random_strided_leaf({1, 3})});
+  check_grad([](const auto& in) { return in[0].expand({2, 2}); }, {random_leaf({})});
 }
 
 TEST_CASE("squeeze and unsqueeze gradients reshape back", "[formulas-tensor]") {
-  check_grad([](const auto& in) { return in[0].squeeze(); }, {leaf({1, 3, 1})});
-  check_grad([](const auto& in) { return in[0].squeeze(-1); }, {leaf({2, 1})});
-  check_grad([](const auto& in) { return in[0].unsqueeze(-1); }, {strided_leaf({2, 3})});
-  check_grad([](const auto& in) { return in[0].unsqueeze(0); }, {leaf({})});
+  check_grad([](const auto& in) { return in[0].squeeze(); }, {random_leaf({1, 3, 1})});
+  check_grad([](const auto& in) { return in[0].squeeze(-1); }, {random_leaf({2, 1})});
+  check_grad([](const auto& in) { return in[0].unsqueeze(-1); }, {random_strided_leaf({2, 3})});
+  check_grad([](const auto& in) { return in[0].unsqueeze(0); }, {random_leaf({})});
 }
 
 TEST_CASE("as_strided gradients flow through storage positions", "[formulas-tensor]") {
-  check_grad([](const auto& in) { return in[0].as_strided({2, 2}, {1, 2}, 1); }, {leaf({6})});
+  check_grad([](const auto& in) { return in[0].as_strided({2, 2}, {1, 2}, 1); }, {random_leaf({6})});
   // Overlapping output windows accumulate.
-  check_grad([](const auto& in) { return in[0].as_strided({3, 2}, {1, 1}, 0); }, {leaf({4})});
+  check_grad([](const auto& in) { return in[0].as_strided({3, 2}, {1, 1}, 0); }, {random_leaf({4})});
   // A strided leaf: storage positions 0, 2, 4 are its first row.
-  check_grad([](const auto& in) { return in[0].as_strided({3}, {2}, 0); }, {strided_leaf({2, 3})});
+  check_grad([](const auto& in) { return in[0].as_strided({3}, {2}, 0); }, {random_strided_leaf({2, 3})});
 
-  Tensor x = leaf({3});
+  Tensor x = random_leaf({3});
   Tensor y = x.expand({2, 3}).as_strided({2}, {1}, 0);
   CHECK_THROWS_WITH(y.backward(ones({2}, {.dtype = DType::f64})),
                     Catch::Contains("as_strided") && Catch::Contains("overlap"));
 }
 
 TEST_CASE("view gradients are differentiable under create_graph", "[formulas-tensor]") {
-  Tensor x = leaf({5});
+  Tensor x = random_leaf({5});
   Tensor y = x.slice(0, 1, 5, 2);  // x1, x3
   sum(y * y * x.select(0, 0)).backward({}, false, /*create_graph=*/true);
   Tensor gx = x.grad();
