@@ -29,3 +29,4 @@
 #include "models/resnet.h"
 #include "models/safetensors.h"
 #include "models/small_models.h"
+#include "optim/accumulation.h"
