@@ -30,3 +30,7 @@
 #include "models/safetensors.h"
 #include "models/small_models.h"
 #include "optim/accumulation.h"
+#include "optim/adamw.h"
+#include "optim/clip.h"
+#include "optim/lr_schedule.h"
+#include "optim/sgd.h"
