@@ -113,6 +113,36 @@ inline double tol(DType dtype) {
   }
 }
 
+// Small non-negative integers (0/1 for bool) that every dtype holds exactly.
+inline Tensor small_integers(const Shape& shape, DType dtype, int64_t seed = 0) {
+  std::vector<double> v(static_cast<size_t>(numel_of(shape)));
+  for (size_t i = 0; i < v.size(); ++i) {
+    const auto k = static_cast<int64_t>(i) + seed;
+    v[i] = dtype == DType::boolean ? static_cast<double>((k * 5 + 1) % 3 == 0)
+                                   : static_cast<double>((k * 7 + 3) % 13);
+  }
+  return tensor_of(v, shape, dtype);
+}
+
+// An f32 tensor of `v`; an empty shape means 0-d for one value and [v.size()] otherwise.
+inline Tensor f32s(const std::vector<float>& v, Shape shape = {}) {
+  if (shape.empty() && v.size() != 1) shape = {static_cast<int64_t>(v.size())};
+  return from_vector<float>(v, std::move(shape));
+}
+
+// Sample mean and (n - 1) standard deviation, for statistical checks.
+inline double mean_of(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += x;
+  return s / static_cast<double>(v.size());
+}
+inline double std_of(const std::vector<double>& v) {
+  const double m = mean_of(v);
+  double s = 0;
+  for (double x : v) s += (x - m) * (x - m);
+  return std::sqrt(s / static_cast<double>(v.size() - 1));
+}
+
 // Leaves for gradcheck: f64 normal values from a seeded generator, requiring grad; the
 // strided and transposed forms are non-contiguous.
 inline Tensor random_leaf(Shape shape, uint64_t seed = 1) {

@@ -8,20 +8,6 @@
 using namespace kiln;
 using namespace kiln::testing;
 
-namespace {
-
-double mean_of(const std::vector<double>& v) {
-  return std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
-}
-double std_of(const std::vector<double>& v) {
-  const double m = mean_of(v);
-  double s = 0;
-  for (double x : v) s += (x - m) * (x - m);
-  return std::sqrt(s / static_cast<double>(v.size() - 1));
-}
-
-}  // namespace
-
 TEST_CASE("empty / zeros / ones and full", "[factory]") {
   Tensor e = empty({2, 3}, {.dtype = DType::i32});
   CHECK(e.shape() == Shape{2, 3});

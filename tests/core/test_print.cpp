@@ -10,15 +10,6 @@
 using namespace kiln;
 using namespace kiln::testing;
 
-namespace {
-
-Tensor f32s(std::vector<float> v, Shape shape = {}) {
-  if (shape.empty() && v.size() != 1) shape = {static_cast<int64_t>(v.size())};
-  return from_vector<float>(v, std::move(shape));
-}
-
-}  // namespace
-
 TEST_CASE("print floats: whole / fixed / aligned", "[print]") {
   CHECK(f32s({1, 2, 3}).str() == "tensor([1., 2., 3.])");
   CHECK(f32s({0.5, -1.25, 3, 4}, {2, 2}).str() ==

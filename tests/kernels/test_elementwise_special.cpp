@@ -9,15 +9,6 @@
 using namespace kiln;
 using namespace kiln::testing;
 
-namespace {
-
-Tensor f32s(std::vector<float> v, Shape shape = {}) {
-  if (shape.empty() && v.size() != 1) shape = {static_cast<int64_t>(v.size())};
-  return from_vector<float>(v, std::move(shape));
-}
-
-}  // namespace
-
 TEST_CASE("where selects with broadcasting and promotes its branches", "[elementwise]") {
   const Tensor cond = from_vector<bool>({true, false, true}, {3, 1});
   const Tensor a = f32s({1, 2, 3, 4}, {1, 4});

@@ -11,16 +11,6 @@ using namespace kiln::testing;
 
 namespace {
 
-Tensor sample(const Shape& shape, DType dtype, int64_t seed = 0) {
-  std::vector<double> v(static_cast<size_t>(numel_of(shape)));
-  for (size_t i = 0; i < v.size(); ++i) {
-    const auto k = static_cast<int64_t>(i) + seed;
-    v[i] = dtype == DType::boolean ? static_cast<double>((k * 5 + 1) % 3 == 0)
-                                   : static_cast<double>((k * 7 + 3) % 13);
-  }
-  return tensor_of(v, shape, dtype);
-}
-
 // Pseudo-random indices in [0, bound), as i64.
 Tensor indices(const Shape& shape, int64_t bound, int64_t seed = 0) {
   std::vector<int64_t> v(static_cast<size_t>(numel_of(shape)));
@@ -38,7 +28,7 @@ std::vector<int64_t> with(std::vector<int64_t> idx, int64_t dim, int64_t value) 
 TEST_CASE("gather picks along dim for every dtype and layout", "[index][indexing]") {
   const DType dtype = GENERATE(from_range(kAllDTypes));
   CAPTURE(dtype);
-  const Tensor x = sample({3, 4, 5}, dtype);
+  const Tensor x = small_integers({3, 4, 5}, dtype);
   for (int64_t dim : {0, 1, 2}) {
     CAPTURE(dim);
     Shape ishape = {2, 3, 4};  // smaller than x outside dim, longer along it
@@ -53,8 +43,8 @@ TEST_CASE("gather picks along dim for every dtype and layout", "[index][indexing
     KILN_CHECK_EQUAL(gather(strided_copy(x), dim - 3, transposed_copy(index)), expected);
     KILN_CHECK_EQUAL(gather(transposed_copy(x), dim, strided_copy(index)), expected);
   }
-  KILN_CHECK_EQUAL(gather(sample({}, dtype, 3), 0, from_vector<int64_t>({0}, Shape{})),
-                   sample({}, dtype, 3));
+  KILN_CHECK_EQUAL(gather(small_integers({}, dtype, 3), 0, from_vector<int64_t>({0}, Shape{})),
+                   small_integers({}, dtype, 3));
 }
 
 TEST_CASE("gather rejects bad input", "[index][indexing]") {
@@ -76,7 +66,7 @@ TEST_CASE("gather rejects bad input", "[index][indexing]") {
 TEST_CASE("scatter_add accumulates repeated indices out of place", "[index][indexing]") {
   const DType dtype = GENERATE(from_range(kAllDTypes));
   CAPTURE(dtype);
-  const Tensor x = sample({3, 4, 2}, dtype, 1);
+  const Tensor x = small_integers({3, 4, 2}, dtype, 1);
   for (int64_t dim : {0, 1, 2}) {
     CAPTURE(dim);
     Shape ishape = {2, 3, 2};
@@ -84,7 +74,7 @@ TEST_CASE("scatter_add accumulates repeated indices out of place", "[index][inde
     Shape sshape = ishape;
     sshape[(dim + 1) % 3] += 1;  // src may be larger than the index
     const Tensor index = indices(ishape, x.size(dim), dim);
-    const Tensor src = sample(sshape, dtype, 7);
+    const Tensor src = small_integers(sshape, dtype, 7);
     std::vector<double> v = values(x);
     const Shape& xs = x.shape();
     for_each_index(ishape, [&](const std::vector<int64_t>& i) {
@@ -100,7 +90,7 @@ TEST_CASE("scatter_add accumulates repeated indices out of place", "[index][inde
   }
   // Out of place: the input is unchanged.
   const Tensor before = x.clone();
-  scatter_add(x, 0, indices({1, 4, 2}, 3), sample({1, 4, 2}, dtype));
+  scatter_add(x, 0, indices({1, 4, 2}, 3), small_integers({1, 4, 2}, dtype));
   KILN_CHECK_EQUAL(x, before);
 }
 
@@ -148,7 +138,7 @@ TEST_CASE("index_select takes i64 and i32 indices", "[index][indexing]") {
   const DType dtype = GENERATE(from_range(kAllDTypes));
   const DType itype = GENERATE(DType::i64, DType::i32);
   CAPTURE(dtype, itype);
-  const Tensor x = sample({3, 4, 5}, dtype);
+  const Tensor x = small_integers({3, 4, 5}, dtype);
   for (int64_t dim : {0, 1, 2}) {
     CAPTURE(dim);
     const Tensor index = indices({7}, x.size(dim), dim).to(itype);
@@ -182,7 +172,7 @@ TEST_CASE("index_select rejects bad input", "[index][indexing]") {
 TEST_CASE("embedding looks up rows / embedding_backward sums them", "[index][indexing]") {
   const DType dtype = GENERATE(from_range(kFloatDTypes));
   CAPTURE(dtype);
-  const Tensor weight = sample({5, 3}, dtype);
+  const Tensor weight = small_integers({5, 3}, dtype);
   const Tensor idx = from_vector<int64_t>({4, 0, 2, 2, 1, 4}, {2, 3});
   std::vector<double> v;
   for_each_index({2, 3, 3}, [&](const std::vector<int64_t>& i) {
@@ -194,7 +184,7 @@ TEST_CASE("embedding looks up rows / embedding_backward sums them", "[index][ind
   KILN_CHECK_EQUAL(embedding(weight, transposed_copy(idx)), expected);
 
   // Backward: row r sums the grad rows whose index is r; padding_idx's row stays zero.
-  const Tensor grad = sample({2, 3, 3}, dtype, 3);
+  const Tensor grad = small_integers({2, 3, 3}, dtype, 3);
   for (int64_t padding : {-1, 2, 4}) {
     CAPTURE(padding);
     std::vector<double> acc(15, 0.0);
@@ -265,7 +255,7 @@ TEST_CASE("one_hot encodes classes / inferring their number", "[index][indexing]
 TEST_CASE("flip reverses the given dims", "[index][indexing]") {
   const DType dtype = GENERATE(from_range(kAllDTypes));
   CAPTURE(dtype);
-  const Tensor x = sample({2, 3, 4}, dtype);
+  const Tensor x = small_integers({2, 3, 4}, dtype);
   const std::vector<std::vector<int64_t>> cases = {{}, {0}, {2}, {-1, 0}, {0, 1, 2}, {1}};
   for (const auto& dims : cases) {
     CAPTURE(dims);
@@ -290,7 +280,7 @@ TEST_CASE("tril and triu keep a triangle of the last two dims", "[index][indexin
   const DType dtype = GENERATE(from_range(kAllDTypes));
   CAPTURE(dtype);
   for (const Shape& shape : {Shape{4, 4}, Shape{2, 3, 5}, Shape{5, 2}}) {
-    const Tensor x = sample(shape, dtype, 1);
+    const Tensor x = small_integers(shape, dtype, 1);
     for (int64_t diagonal : {-2, -1, 0, 1, 3}) {
       CAPTURE(shape, diagonal);
       std::vector<double> lower, upper;
@@ -312,7 +302,7 @@ TEST_CASE("tril and triu keep a triangle of the last two dims", "[index][indexin
 TEST_CASE("cumsum sums along dim / integers give i64", "[index][indexing]") {
   const DType dtype = GENERATE(from_range(kAllDTypes));
   CAPTURE(dtype);
-  const Tensor x = sample({3, 4, 5}, dtype);
+  const Tensor x = small_integers({3, 4, 5}, dtype);
   const DType out_dtype = is_floating(dtype) ? dtype : DType::i64;
   for (int64_t dim : {0, 1, 2, -1}) {
     CAPTURE(dim);
@@ -378,7 +368,7 @@ std::pair<Tensor, Tensor> reference_sort(const Tensor& x, int64_t dim, int64_t k
 TEST_CASE("sort and topk order lines stably / with positions", "[index][indexing]") {
   const DType dtype = GENERATE(from_range(kAllDTypes));
   CAPTURE(dtype);
-  const Tensor x = sample({3, 6, 4}, dtype, 2);  // values repeat: ties must stay in order
+  const Tensor x = small_integers({3, 6, 4}, dtype, 2);  // values repeat: ties must stay in order
   for (int64_t dim : {0, 1, 2}) {
     for (bool descending : {false, true}) {
       CAPTURE(dim, descending);
@@ -417,7 +407,7 @@ TEST_CASE("sort and topk put NaN first when descending / last when ascending", "
 }
 
 TEST_CASE("topk and sort edge cases and errors", "[index][indexing]") {
-  const Tensor x = sample({2, 3}, DType::f32);
+  const Tensor x = small_integers({2, 3}, DType::f32);
   CHECK(topk(x, 0).first.shape() == Shape{2, 0});
   auto [v, i] = sort(from_vector<float>({5.0f}, Shape{}));
   CHECK(v.shape() == Shape{});

@@ -8,17 +8,6 @@ using namespace kiln::testing;
 
 namespace {
 
-// Small non-negative integers (0/1 for bool) that every dtype holds exactly.
-Tensor sample(const Shape& shape, DType dtype, int64_t seed = 0) {
-  std::vector<double> v(static_cast<size_t>(numel_of(shape)));
-  for (size_t i = 0; i < v.size(); ++i) {
-    const auto k = static_cast<int64_t>(i) + seed;
-    v[i] = dtype == DType::boolean ? static_cast<double>((k * 5 + 1) % 3 == 0)
-                                   : static_cast<double>((k * 7 + 3) % 13);
-  }
-  return tensor_of(v, shape, dtype);
-}
-
 // Naive cat: walks the output and finds which input each element comes from.
 Tensor reference_cat(const std::vector<Tensor>& ts, int64_t dim, DType dtype) {
   Shape shape = ts[0].shape();
@@ -39,26 +28,26 @@ Tensor reference_cat(const std::vector<Tensor>& ts, int64_t dim, DType dtype) {
 TEST_CASE("cat matches a naive copy for every dtype and layout", "[index][join]") {
   const DType dtype = GENERATE(from_range(kAllDTypes));
   CAPTURE(dtype);
-  const Tensor a = sample({2, 3, 4}, dtype), b = sample({2, 2, 4}, dtype, 5);
+  const Tensor a = small_integers({2, 3, 4}, dtype), b = small_integers({2, 2, 4}, dtype, 5);
   KILN_CHECK_EQUAL(cat({a, b}, 1), reference_cat({a, b}, 1, dtype));
   CHECK(cat({a, b}, 1).dtype() == dtype);
   KILN_CHECK_EQUAL(cat({strided_copy(a), transposed_copy(b)}, -2), reference_cat({a, b}, 1, dtype));
-  const Tensor c = sample({1, 3, 4}, dtype, 2);
+  const Tensor c = small_integers({1, 3, 4}, dtype, 2);
   KILN_CHECK_EQUAL(cat({a, c, a}, 0), reference_cat({a, c, a}, 0, dtype));
-  const Tensor d = sample({2, 3, 1}, dtype, 9);
+  const Tensor d = small_integers({2, 3, 1}, dtype, 9);
   KILN_CHECK_EQUAL(cat({transposed_copy(a), d}, 2), reference_cat({a, d}, 2, dtype));
 }
 
 TEST_CASE("cat promotes dtypes and skips 1-d empty tensors", "[index][join]") {
-  const Tensor i = sample({2, 2}, DType::i32), f = sample({2, 1}, DType::f32);
+  const Tensor i = small_integers({2, 2}, DType::i32), f = small_integers({2, 1}, DType::f32);
   CHECK(cat({i, f}, 1).dtype() == DType::f32);
   KILN_CHECK_EQUAL(cat({i, f}, 1), reference_cat({i, f}, 1, DType::f32));
-  CHECK(cat({sample({2}, DType::boolean), sample({3}, DType::i64)}).dtype() == DType::i64);
-  CHECK(cat({sample({2}, DType::f16), sample({3}, DType::bf16)}).dtype() == DType::f32);
-  CHECK(cat({sample({2}, DType::u8), sample({3}, DType::i32)}).dtype() == DType::i32);
+  CHECK(cat({small_integers({2}, DType::boolean), small_integers({3}, DType::i64)}).dtype() == DType::i64);
+  CHECK(cat({small_integers({2}, DType::f16), small_integers({3}, DType::bf16)}).dtype() == DType::f32);
+  CHECK(cat({small_integers({2}, DType::u8), small_integers({3}, DType::i32)}).dtype() == DType::i32);
 
   const Tensor empty = zeros({0}, {.dtype = DType::f64});
-  const Tensor m = sample({2, 3}, DType::f32);
+  const Tensor m = small_integers({2, 3}, DType::f32);
   const Tensor r = cat({empty, m, empty}, 1);
   KILN_CHECK_EQUAL(r, m);
   CHECK(r.dtype() == DType::f64);  // the skipped tensor still takes part in promotion
@@ -80,8 +69,8 @@ TEST_CASE("cat rejects bad input and shows every shape", "[index][join]") {
 TEST_CASE("stack inserts a new dim", "[index][join]") {
   const DType dtype = GENERATE(DType::f32, DType::f16, DType::i64, DType::u8, DType::boolean);
   CAPTURE(dtype);
-  const Tensor a = sample({2, 3}, dtype), b = sample({2, 3}, dtype, 4),
-               c = sample({2, 3}, dtype, 8);
+  const Tensor a = small_integers({2, 3}, dtype), b = small_integers({2, 3}, dtype, 4),
+               c = small_integers({2, 3}, dtype, 8);
   for (int64_t dim : {0, 1, 2, -1, -3}) {
     CAPTURE(dim);
     const int64_t d = dim < 0 ? dim + 3 : dim;
@@ -90,7 +79,7 @@ TEST_CASE("stack inserts a new dim", "[index][join]") {
     KILN_CHECK_EQUAL(stack({a, strided_copy(b), transposed_copy(c)}, dim), expected);
   }
   CHECK(stack({zeros({}), ones({})}).shape() == Shape{2});
-  CHECK(stack({sample({2}, DType::i32), sample({2}, DType::f64)}).dtype() == DType::f64);
+  CHECK(stack({small_integers({2}, DType::i32), small_integers({2}, DType::f64)}).dtype() == DType::f64);
 }
 
 TEST_CASE("stack rejects bad input", "[index][join]") {
@@ -102,7 +91,7 @@ TEST_CASE("stack rejects bad input", "[index][join]") {
 }
 
 TEST_CASE("split and chunk return views of consecutive pieces", "[index][join]") {
-  const Tensor x = sample({7, 4}, DType::f32);
+  const Tensor x = small_integers({7, 4}, DType::f32);
   std::vector<Tensor> parts = split(x, 3);
   REQUIRE(parts.size() == 3);
   CHECK(parts[0].shape() == Shape{3, 4});
@@ -123,7 +112,7 @@ TEST_CASE("split and chunk return views of consecutive pieces", "[index][join]")
   // torch.chunk: pieces of ceil(size / chunks), so fewer pieces when they run out.
   CHECK(chunk(x, 3).size() == 3);
   CHECK(chunk(x, 3)[2].shape() == Shape{1, 4});
-  CHECK(chunk(sample({6}, DType::f32), 4).size() == 3);
+  CHECK(chunk(small_integers({6}, DType::f32), 4).size() == 3);
   CHECK(chunk(x, 10).size() == 7);
   KILN_CHECK_EQUAL(cat(chunk(x, 2, 1), 1), x);
   // An empty dim: split gives one empty piece, chunk gives `chunks` of them.
@@ -168,7 +157,7 @@ Tensor reference_pad(const Tensor& x, const std::vector<int64_t>& pads, double v
 TEST_CASE("pad matches a naive reference / negative pads crop", "[index][join]") {
   const DType dtype = GENERATE(from_range(kAllDTypes));
   CAPTURE(dtype);
-  const Tensor x = sample({2, 3, 4}, dtype);
+  const Tensor x = small_integers({2, 3, 4}, dtype);
   const double value = dtype == DType::boolean ? 1.0 : 9.0;
   const std::vector<std::vector<int64_t>> cases = {
       {1, 2}, {0, 0, 2, 1}, {-1, 2, 1, -2}, {-2, -2}, {1, 1, 1, 1, 1, 1}, {2, -1, -3, 0, 0, 1},

@@ -10,6 +10,7 @@
 #include "testing.h"
 
 using namespace kiln;
+using namespace kiln::testing;
 using kiln::testing::tensor_of;
 using kiln::testing::values;
 namespace F = kiln::nn::functional;
@@ -20,17 +21,6 @@ double max_abs(const Tensor& t) {
   double m = 0;
   for (double v : values(t)) m = std::max(m, std::fabs(v));
   return m;
-}
-
-double mean_of(const std::vector<double>& v) {
-  return std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
-}
-
-double std_of(const std::vector<double>& v) {
-  const double m = mean_of(v);
-  double s = 0;
-  for (double x : v) s += (x - m) * (x - m);
-  return std::sqrt(s / static_cast<double>(v.size() - 1));
 }
 
 }  // namespace
