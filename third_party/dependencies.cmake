@@ -2,6 +2,10 @@
 find_package(fmt REQUIRED)
 find_package(Eigen3 3.4 REQUIRED NO_MODULE)
 find_package(OpenMP REQUIRED COMPONENTS CXX)
+# libjpeg-turbo (Debian: libjpeg62-turbo-dev) decodes the image-folder data sets.
+find_package(JPEG REQUIRED)
+# zlib reads the gzip-compressed IDX files of Fashion-MNIST.
+find_package(ZLIB REQUIRED)
 
 set(KILN_HAVE_OPENBLAS OFF)
 if(NOT KILN_BLAS STREQUAL "OFF")

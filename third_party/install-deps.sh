@@ -3,7 +3,8 @@
 # Run as root it uses apt-get; otherwise it names what to install and stops.
 set -euo pipefail
 
-packages=(cmake ninja-build g++ make libeigen3-dev libfmt-dev catch2 libopenblas-openmp-dev)
+packages=(cmake ninja-build g++ make libeigen3-dev libfmt-dev catch2 libopenblas-openmp-dev
+  libjpeg62-turbo-dev zlib1g-dev dataset-fashion-mnist)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
