@@ -85,7 +85,34 @@ DeviceAllocator& allocator_for(DeviceType type) {
   return table[static_cast<int>(type)];
 }
 
+struct MemoryCounters {
+  std::atomic<int64_t> allocated{0}, peak{0}, allocations{0};
+
+  void add(int64_t nbytes) {
+    const int64_t now = allocated.fetch_add(nbytes) + nbytes;
+    allocations.fetch_add(1);
+    int64_t seen = peak.load();
+    while (now > seen && !peak.compare_exchange_weak(seen, now)) {
+    }
+  }
+};
+
+MemoryCounters& counters_for(DeviceType type) {
+  static MemoryCounters* table = new MemoryCounters[kNumDeviceTypes];  // outlives every tensor
+  return table[static_cast<int>(type)];
+}
+
 }  // namespace
+
+MemoryStats memory_stats(DeviceType type) {
+  MemoryCounters& c = counters_for(type);
+  return {c.allocated.load(), c.peak.load(), c.allocations.load()};
+}
+
+void reset_peak_memory(DeviceType type) {
+  MemoryCounters& c = counters_for(type);
+  c.peak.store(c.allocated.load());
+}
 
 void empty_cpu_cache() { large_block_cache().clear(); }
 
@@ -100,10 +127,14 @@ Storage allocate_storage(size_t nbytes, Device device) {
   KILN_CHECK(a.allocate, "allocate: device {} is not available (kiln has no backend for it in this build)",
              device);
   void* p = a.allocate(nbytes, device.index);
+  MemoryCounters& counters = counters_for(device.type);
+  counters.add(static_cast<int64_t>(nbytes));
   auto release = a.release;
   const int index = device.index;
-  return std::make_shared<StorageImpl>(
-      p, nbytes, device, [release, nbytes, index](void* q) { release(q, nbytes, index); });
+  return std::make_shared<StorageImpl>(p, nbytes, device, [release, nbytes, index, &counters](void* q) {
+    counters.allocated.fetch_sub(static_cast<int64_t>(nbytes));
+    release(q, nbytes, index);
+  });
 }
 
 }  // namespace kiln

@@ -39,6 +39,17 @@ struct DeviceAllocator {
 void set_device_allocator(DeviceType type, DeviceAllocator allocator);
 bool has_device_allocator(DeviceType type);
 
+// Bytes held by live tensor storages of one device type, counted by allocate_storage
+// (requested sizes, not the allocator's rounding or cache).
+struct MemoryStats {
+  int64_t allocated = 0;     // bytes in live storages now
+  int64_t peak = 0;          // the most `allocated` has been since the last reset
+  int64_t allocations = 0;   // storages allocated since the process started
+};
+MemoryStats memory_stats(DeviceType type = DeviceType::cpu);
+// Sets the peak to the bytes allocated now, to measure the peak of what follows.
+void reset_peak_memory(DeviceType type = DeviceType::cpu);
+
 // Returns the CPU allocator's cached large blocks (kept for reuse after tensors die) to
 // the system.
 void empty_cpu_cache();

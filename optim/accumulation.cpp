@@ -104,4 +104,22 @@ void Accumulation::on_last_micro_step(std::function<void()> fn) {
   callbacks_->push_back(std::move(fn));
 }
 
+MicroBatchChoice choose_micro_batch(int64_t batch, int64_t budget_bytes,
+                                    const std::function<int64_t(int64_t)>& measure) {
+  KILN_CHECK(batch > 0 && budget_bytes > 0, "choose_micro_batch: batch {} and budget {} bytes must be positive",
+             batch, budget_bytes);
+  MicroBatchChoice choice;
+  for (int64_t b = 1;; b = std::min(b * 2, batch)) {
+    const int64_t peak = measure(b);
+    choice.measured.emplace_back(b, peak);
+    if (peak > budget_bytes) break;
+    choice.micro_batch = b;
+    if (b == batch) break;
+  }
+  KILN_CHECK(choice.micro_batch > 0,
+             "micro-batch auto: a step of one sample needs {} bytes, more than the memory budget of {} bytes",
+             choice.measured.front().second, budget_bytes);
+  return choice;
+}
+
 }  // namespace kiln::optim

@@ -38,6 +38,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "core/tensor.h"
@@ -101,5 +102,18 @@ class Accumulation {
   AccumulationOptions options_;
   std::shared_ptr<std::vector<std::function<void()>>> callbacks_;
 };
+
+// `--micro-batch auto`: the largest micro-batch whose step fits in budget_bytes. Runs
+// measure(b) (one real forward and backward of b samples, returning the peak bytes it
+// allocated) for b = 1, 2, 4, ... below batch and then batch itself, and stops at the
+// first b that does not fit. Sizes are tried in increasing order and the answer is the
+// last that fit, so a larger budget never gives a smaller micro-batch. Throws kiln::Error
+// when even one sample does not fit.
+struct MicroBatchChoice {
+  int64_t micro_batch = 0;
+  std::vector<std::pair<int64_t, int64_t>> measured;  // (micro-batch, peak bytes), in the order tried
+};
+MicroBatchChoice choose_micro_batch(int64_t batch, int64_t budget_bytes,
+                                    const std::function<int64_t(int64_t)>& measure);
 
 }  // namespace kiln::optim

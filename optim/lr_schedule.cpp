@@ -107,6 +107,12 @@ void Scheduler::step() {
   apply();
 }
 
+void Scheduler::set_step(int64_t step) {
+  KILN_CHECK(step >= 0, "Scheduler::set_step: step {} is negative", step);
+  step_ = step;
+  apply();
+}
+
 void Scheduler::apply() {
   auto& groups = optimizer_.param_groups();
   KILN_CHECK(groups.size() == base_lrs_.size(),

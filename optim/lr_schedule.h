@@ -104,6 +104,9 @@ class Scheduler {
   // Advances to the next step and writes the new lr into every group.
   void step();
   int64_t last_step() const { return step_; }
+  // Jumps to `step` (>= 0) and writes its lr, as after that many step() calls: resuming
+  // from a checkpoint.
+  void set_step(int64_t step);
   // The lr of each group now.
   std::vector<double> last_lr() const;
   const std::vector<double>& base_lrs() const { return base_lrs_; }

@@ -308,3 +308,28 @@ TEST_CASE("accumulation rejects bad options and batches", "[accumulation]") {
   CHECK_THROWS_AS(acc.on_last_micro_step(std::function<void()>()), Error);
   CHECK_THROWS_AS(MicroBatch{}.scale(scalar_tensor(1.0, DType::f32)), Error);
 }
+
+TEST_CASE("choose_micro_batch picks the largest size that fits and grows with the budget", "[accumulation]") {
+  // A fake step: 1000 bytes of fixed cost plus 300 per sample.
+  std::vector<int64_t> tried;
+  auto measure = [&](int64_t b) {
+    tried.push_back(b);
+    return int64_t{1000} + 300 * b;
+  };
+  const optim::MicroBatchChoice c = optim::choose_micro_batch(48, 4000, measure);
+  CHECK(c.micro_batch == 8);  // 1000 + 300 * 8 = 3400 fits, 16 needs 5800
+  CHECK(tried == std::vector<int64_t>{1, 2, 4, 8, 16});
+  CHECK(c.measured.back() == std::pair<int64_t, int64_t>{16, 5800});
+
+  // The whole batch when it fits, also when it is not a power of two.
+  CHECK(optim::choose_micro_batch(48, 1 << 30, measure).micro_batch == 48);
+  // Monotone in the budget.
+  int64_t last = 0;
+  for (int64_t budget = 1300; budget < 20000; budget += 700) {
+    const int64_t b = optim::choose_micro_batch(48, budget, measure).micro_batch;
+    CHECK(b >= last);
+    last = b;
+  }
+  CHECK_THROWS_WITH(optim::choose_micro_batch(48, 1200, measure), Catch::Contains("one sample needs 1300 bytes"));
+  CHECK_THROWS_AS(optim::choose_micro_batch(0, 1200, measure), kiln::Error);
+}

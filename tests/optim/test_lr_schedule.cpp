@@ -81,6 +81,10 @@ TEST_CASE("Scheduler writes the schedule into every group and the step uses it",
   scheduler.step();
   REQUIRE(scheduler.last_lr() == std::vector<double>{0.1, 0.2});
   REQUIRE(scheduler.base_lrs() == std::vector<double>{0.1, 0.2});
+  scheduler.set_step(1);  // as a resumed run does
+  REQUIRE(scheduler.last_step() == 1);
+  REQUIRE(scheduler.last_lr()[0] == Approx(0.05).epsilon(1e-15));
+  REQUIRE_THROWS_AS(scheduler.set_step(-1), Error);
 }
 
 TEST_CASE("scale_lr scales linearly or by the square root", "[optim]") {

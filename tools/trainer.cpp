@@ -1,0 +1,443 @@
+#include "tools/trainer.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <ostream>
+
+#include "core/error.h"
+#include "core/generator.h"
+#include "core/grad_mode.h"
+#include "core/ops/elementwise.h"
+#include "core/ops/factory.h"
+#include "core/ops/loss.h"
+#include "core/ops/reduce.h"
+#include "core/storage.h"
+#include "data/datasets.h"
+#include "data/loader.h"
+#include "models/containers.h"
+#include "models/layers.h"
+#include "models/resnet.h"
+#include "models/safetensors.h"
+#include "models/small_models.h"
+#include "optim/adamw.h"
+#include "optim/lr_schedule.h"
+#include "optim/sgd.h"
+#include "tools/checkpoint.h"
+#include "tools/progress.h"
+
+namespace kiln::train {
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+std::atomic<bool> stop_requested{false};
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// An evenly spaced subset: sample i is base's i * size / count, so every class of a data
+// set stored class by class (an image folder) keeps its share.
+class EvenSubset : public data::Dataset {
+ public:
+  EvenSubset(std::shared_ptr<const data::Dataset> base, int64_t count) : base_(std::move(base)), count_(count) {}
+  int64_t size() const override { return count_; }
+  int64_t num_classes() const override { return base_->num_classes(); }
+  std::vector<int64_t> sample_shape() const override { return base_->sample_shape(); }
+  data::Sample get(int64_t index, data::SampleRng& rng) const override {
+    KILN_CHECK(index >= 0 && index < count_, "subset: index {} out of range for {} samples", index, count_);
+    return base_->get(index * base_->size() / count_, rng);
+  }
+  std::string describe() const override {
+    return fmt::format("{} of {}", count_, base_->describe());
+  }
+
+ private:
+  std::shared_ptr<const data::Dataset> base_;
+  int64_t count_;
+};
+
+std::shared_ptr<const data::Dataset> subset(std::shared_ptr<const data::Dataset> d, int64_t count) {
+  if (count <= 0 || count >= d->size()) return d;
+  return std::make_shared<EvenSubset>(std::move(d), count);
+}
+
+fs::path cache_root(const Config& c) {
+  if (!c.cache_dir.empty()) return c.cache_dir;
+  if (const char* env = std::getenv("KILN_CACHE_DIR"); env && *env) return env;
+  if (const char* home = std::getenv("HOME"); home && *home) return fs::path(home) / ".cache" / "kiln";
+  return fs::temp_directory_path() / "kiln-cache";
+}
+
+struct DataSets {
+  std::shared_ptr<const data::Dataset> train, val;
+};
+
+DataSets make_data(const Config& c) {
+  DataSets d;
+  if (c.data == "synthetic") {
+    const int64_t size = c.image_size > 0 ? c.image_size : 224;
+    d.train = std::make_shared<data::SyntheticDataset>(data::SyntheticOptions{
+        .size = c.synthetic_size, .num_classes = c.synthetic_classes, .image_size = size, .seed = c.seed});
+    d.val = std::make_shared<data::SyntheticDataset>(data::SyntheticOptions{
+        .size = std::max<int64_t>(c.synthetic_size / 8, 1), .num_classes = c.synthetic_classes,
+        .image_size = size, .seed = c.seed + 1});
+  } else if (c.data == "fashion-mnist") {
+    std::optional<data::Transforms> transforms;
+    if (c.image_size > 0 && c.image_size != 28)
+      transforms = data::Transforms{.steps = {data::resize(c.image_size, c.image_size)}, .mean = {0.2860f},
+                                    .std = {0.3530f}};
+    d.train = std::make_shared<data::FashionMnist>(data::kFashionMnistDir, data::Split::train, transforms);
+    d.val = std::make_shared<data::FashionMnist>(data::kFashionMnistDir, data::Split::test, transforms);
+  } else {
+    fs::path root = c.data;
+    int64_t size = c.image_size > 0 ? c.image_size : 224;
+    std::vector<data::ImageTransform> train_steps, val_steps;
+    if (c.data == "shapes") {
+      root = cache_root(c) / "shapes";
+      data::generate_shapes(root);
+      size = c.image_size > 0 ? c.image_size : 64;
+      train_steps = {data::random_resized_crop(size, {0.6, 1.0}), data::random_horizontal_flip()};
+      val_steps = {data::resize(size, size)};
+    } else {
+      KILN_CHECK(fs::is_directory(root),
+                 "kiln-train: --data {}: not synthetic, fashion-mnist, shapes or an existing folder", c.data);
+      train_steps = {data::random_resized_crop(size), data::random_horizontal_flip()};
+      val_steps = {data::resize(size * 8 / 7), data::center_crop(size)};
+    }
+    const bool split = fs::is_directory(root / "train");
+    const std::vector<int64_t> shape = {3, size, size};
+    d.train = std::make_shared<data::ImageFolder>(
+        split ? root / "train" : root,
+        data::Transforms{.steps = train_steps, .mean = data::kImageNetMean, .std = data::kImageNetStd}, shape);
+    if (fs::is_directory(root / "val"))
+      d.val = std::make_shared<data::ImageFolder>(
+          root / "val", data::Transforms{.steps = val_steps, .mean = data::kImageNetMean, .std = data::kImageNetStd},
+          shape);
+  }
+  d.train = subset(d.train, c.train_samples);
+  if (d.val) d.val = subset(d.val, c.val_samples);
+  return d;
+}
+
+std::unique_ptr<optim::Optimizer> make_optimizer(const Config& c, const nn::Module& model) {
+  const auto groups = optim::param_groups_no_decay(model, c.weight_decay);
+  if (c.optimizer == "sgd")
+    return std::make_unique<optim::SGD>(groups, optim::SGDOptions{.lr = c.lr, .momentum = c.momentum,
+                                                                   .weight_decay = c.weight_decay});
+  if (c.optimizer == "adamw")
+    return std::make_unique<optim::AdamW>(groups, optim::AdamWOptions{.lr = c.lr, .weight_decay = c.weight_decay});
+  fail("kiln-train: --optimizer {}: expected sgd or adamw", c.optimizer);
+}
+
+std::shared_ptr<optim::LRSchedule> make_schedule(const Config& c, int64_t total_steps) {
+  const int64_t after = std::max<int64_t>(total_steps - c.warmup, 1);
+  std::shared_ptr<optim::LRSchedule> s;
+  if (c.lr_schedule == "constant") s = std::make_shared<optim::LinearWarmup>(0);
+  else if (c.lr_schedule == "cosine") s = std::make_shared<optim::Cosine>(after);
+  else if (c.lr_schedule == "step") s = std::make_shared<optim::StepDecay>(std::max<int64_t>(after / 3, 1), 0.1);
+  else if (c.lr_schedule == "multistep")
+    s = std::make_shared<optim::MultiStep>(std::vector<int64_t>{after / 2, after * 3 / 4}, 0.1);
+  else if (c.lr_schedule == "onecycle") s = std::make_shared<optim::OneCycle>(after);
+  else fail("kiln-train: --lr-schedule {}: expected constant, cosine, step, multistep or onecycle", c.lr_schedule);
+  return c.warmup > 0 ? optim::chain(c.warmup, s) : s;
+}
+
+void check_available(const Config& c) {
+  KILN_CHECK(!c.compile,
+             "kiln-train: --compile is not available yet: the compiler (kiln::compile) has not landed; "
+             "train without it (eager)");
+  KILN_CHECK(!c.amp, "kiln-train: --amp is not available yet: mixed precision has not landed; train in f32");
+  KILN_CHECK(!c.channels_last,
+             "kiln-train: --channels-last is not available yet: eager tensors are NCHW only (the compiler's layout "
+             "pass will choose NHWC)");
+  KILN_CHECK(c.device == "cpu" || c.device == "cuda", "kiln-train: --device {}: expected cpu or cuda", c.device);
+  KILN_CHECK(c.device == "cpu",
+             "kiln-train: --device cuda is not available yet: this build of kiln has no CUDA backend; use --device cpu");
+  KILN_CHECK(c.batch > 0, "kiln-train: --batch {} must be positive", c.batch);
+  KILN_CHECK(c.micro_batch >= 0 && c.micro_batch <= c.batch,
+             "kiln-train: --micro-batch {} must be between 1 and --batch {}", c.micro_batch, c.batch);
+  KILN_CHECK(c.epochs > 0 || c.steps > 0, "kiln-train: give --epochs or --steps a positive value");
+  KILN_CHECK(c.workers >= 0, "kiln-train: --workers {} must not be negative", c.workers);
+  KILN_CHECK(c.label_smoothing >= 0 && c.label_smoothing <= 1, "kiln-train: --label-smoothing {} must be in [0, 1]",
+             c.label_smoothing);
+  KILN_CHECK(!c.resume || !c.checkpoint_dir.empty(), "kiln-train: --resume needs --checkpoint DIR");
+}
+
+struct Evaluation {
+  double loss = 0, accuracy = 0;
+};
+
+Evaluation evaluate(nn::Module& model, data::Loader& loader, const std::string& arch) {
+  NoGradGuard no_grad;
+  model.eval();
+  double loss_sum = 0;
+  int64_t correct = 0, total = 0;
+  for (data::Batch& batch : loader.epoch(0)) {
+    Tensor x = arch == "mlp" ? batch.input.flatten(1) : batch.input;
+    Tensor logits = model(x);
+    loss_sum += cross_entropy(logits, batch.target).item<double>() * batch.size();
+    correct += sum(eq(argmax(logits, 1), batch.target)).item<int64_t>();
+    total += batch.size();
+  }
+  model.train();
+  if (total == 0) return {};
+  return {loss_sum / total, static_cast<double>(correct) / total};
+}
+
+std::string json_number(double v) { return std::isfinite(v) ? fmt::format("{}", v) : "null"; }
+
+}  // namespace
+
+void request_stop() { stop_requested.store(true); }
+
+std::shared_ptr<nn::Module> make_model(const std::string& arch, int64_t classes, int64_t channels,
+                                       int64_t image_size) {
+  const models::ResNetOptions options{.num_classes = classes, .in_channels = channels};
+  if (arch == "resnet18") return std::make_shared<models::ResNet>(models::resnet18(options));
+  if (arch == "resnet34") return std::make_shared<models::ResNet>(models::resnet34(options));
+  if (arch == "resnet50") return std::make_shared<models::ResNet>(models::resnet50(options));
+  if (arch == "resnet101") return std::make_shared<models::ResNet>(models::resnet101(options));
+  if (arch == "resnet152") return std::make_shared<models::ResNet>(models::resnet152(options));
+  if (arch == "mlp")
+    return std::make_shared<models::MLP>(models::MLP({channels * image_size * image_size, 256, 128, classes}));
+  if (arch == "cnn")
+    return std::make_shared<models::SmallCNN>(models::SmallCNN(
+        {.in_channels = channels, .num_classes = classes, .image_size = image_size, .channels1 = 16, .channels2 = 32}));
+  fail("kiln-train: --arch {}: expected resnet18, resnet34, resnet50, resnet101, resnet152, mlp or cnn", arch);
+}
+
+StepStats train_step(nn::Module& model, optim::Optimizer& optimizer, const optim::Accumulation& accumulation,
+                     const Tensor& input, const Tensor& target, double label_smoothing) {
+  StepStats stats;
+  const bool flatten_input = dynamic_cast<models::MLP*>(&model) != nullptr;
+  for (const optim::MicroBatch& micro : accumulation.split(input, target)) {
+    Tensor logits = model(flatten_input ? micro.x.flatten(1) : micro.x);
+    Tensor loss = cross_entropy(logits, micro.y, {.label_smoothing = label_smoothing});
+    micro.scale(loss).backward();
+    micro.finish();
+    // The step's loss is the mean over the global batch: each micro-batch's mean loss
+    // weighted by its share of the samples (the weight the gradient used).
+    stats.loss += loss.item<double>() * micro.weight.item<double>();
+    NoGradGuard no_grad;
+    stats.correct += sum(eq(argmax(logits.detach(), 1), micro.y)).item<int64_t>();
+    stats.samples += micro.size;
+  }
+  optimizer.step();
+  optimizer.zero_grad();
+  return stats;
+}
+
+int64_t measure_step_bytes(nn::Module& model, const std::vector<int64_t>& sample_shape, int64_t classes,
+                           int64_t micro_batch) {
+  const StateDict saved = [&] {
+    StateDict copy;
+    for (const auto& [name, t] : model.state_dict()) copy[name] = t.clone();
+    return copy;
+  }();
+  model.zero_grad();
+  Shape shape{micro_batch};
+  for (int64_t s : sample_shape) shape.push_back(s);
+  Tensor x = zeros(shape);
+  Tensor y = zeros({micro_batch}, {.dtype = DType::i64});
+  const bool flatten_input = dynamic_cast<models::MLP*>(&model) != nullptr;
+  const int64_t before = memory_stats().allocated;
+  reset_peak_memory();
+  {
+    Tensor logits = model(flatten_input ? x.flatten(1) : x);
+    cross_entropy(logits, y).backward();
+  }
+  const int64_t peak = memory_stats().peak - before;
+  model.zero_grad();
+  model.load_state_dict(saved);  // undo the batch norm statistics of the trial
+  (void)classes;
+  return peak;
+}
+
+int64_t default_memory_budget() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  int64_t kib = 0;
+  std::string unit;
+  while (meminfo >> key >> kib >> unit)
+    if (key == "MemAvailable:") return kib * 1024 / 2;
+  return int64_t{4} << 30;
+}
+
+Result run(const Config& c, std::ostream& out) {
+  check_available(c);
+  stop_requested.store(false);
+  Result result;
+
+  DataSets d = make_data(c);
+  const std::vector<int64_t> shape = d.train->sample_shape();
+  KILN_CHECK(shape.size() == 3, "kiln-train: samples of {} are not images [C, H, W]", d.train->describe());
+  const int64_t classes = d.train->num_classes();
+  data::Loader train_loader(d.train, {.batch_size = c.batch, .shuffle = true, .drop_last = false,
+                                      .workers = c.workers, .seed = c.seed});
+  std::unique_ptr<data::Loader> val_loader;
+  if (d.val)
+    val_loader = std::make_unique<data::Loader>(
+        d.val, data::LoaderOptions{.batch_size = std::max<int64_t>(c.batch, 64), .workers = c.workers, .seed = c.seed});
+
+  manual_seed(c.seed);
+  std::shared_ptr<nn::Module> model = make_model(c.arch, classes, shape[0], shape[1]);
+  std::unique_ptr<optim::Optimizer> optimizer = make_optimizer(c, *model);
+  const int64_t per_epoch = train_loader.batches_per_epoch();
+  const int64_t total_steps = c.steps > 0 ? c.steps : c.epochs * per_epoch;
+  const int64_t epochs = c.steps > 0 ? (c.steps + per_epoch - 1) / per_epoch : c.epochs;
+  optim::Scheduler scheduler(*optimizer, make_schedule(c, total_steps));
+
+  int64_t micro = c.micro_batch > 0 ? c.micro_batch : c.batch;
+  TrainingState state;
+  if (c.resume) {
+    state = load_checkpoint(c.checkpoint_dir, *model, *optimizer);
+    KILN_CHECK(state.fingerprint == fingerprint(c),
+               "kiln-train: --resume: the checkpoint in {} was made with other settings ({}); now {}",
+               c.checkpoint_dir.string(), state.fingerprint, fingerprint(c));
+    scheduler.set_step(state.step);
+    micro = state.micro_batch;
+    result.epochs = state.epochs;
+    result.step_losses = state.step_losses;
+  } else if (c.micro_batch_auto) {
+    const int64_t budget = c.memory_budget > 0 ? c.memory_budget : default_memory_budget();
+    const optim::MicroBatchChoice choice = optim::choose_micro_batch(
+        c.batch, budget, [&](int64_t b) { return measure_step_bytes(*model, shape, classes, b); });
+    micro = choice.micro_batch;
+    if (!c.quiet) {
+      std::string tried;
+      for (auto [b, bytes] : choice.measured) tried += fmt::format(" {}:{:.0f}MiB", b, bytes / 1048576.0);
+      out << fmt::format("micro-batch auto: budget {:.0f} MiB, measured{} -> {}\n", budget / 1048576.0, tried, micro);
+    }
+  }
+  const optim::Accumulation accumulation({.batch = c.batch, .micro_batch = micro});
+  result.micro_batch = micro;
+
+  std::ofstream log;
+  if (!c.log_file.empty()) {
+    log.open(c.log_file, c.resume ? std::ios::app : std::ios::trunc);
+    KILN_CHECK(log.good(), "kiln-train: cannot write the log file {}", c.log_file.string());
+  }
+  if (!c.quiet) {
+    out << fmt::format("kiln-train: {} on {}{}\n", c.arch, d.train->describe(),
+                       d.val ? fmt::format("; validating on {}", d.val->describe()) : "");
+    out << fmt::format("  {} steps of batch {} (micro-batch {}, {} per step), {} epochs, {} lr {} {}, {} workers\n",
+                       total_steps, c.batch, micro, accumulation.steps(c.batch), epochs, c.optimizer, c.lr,
+                       c.lr_schedule, c.workers);
+    if (c.resume)
+      out << fmt::format("  resumed at step {} (epoch {}, batch {})\n", state.step, state.epoch + 1, state.batch);
+  }
+  Progress progress(out, c.quiet ? ProgressMode::off : (isatty(STDOUT_FILENO) ? ProgressMode::bar : ProgressMode::lines),
+                    c.print_every);
+
+  int64_t step = state.step;
+  auto save = [&](int64_t epoch, int64_t batch_in_epoch, const fs::path& dir, double loss_sum, int64_t correct,
+                  int64_t seen) {
+    TrainingState s;
+    s.step = step;
+    s.epoch = epoch;
+    s.batch = batch_in_epoch;
+    s.micro_batch = micro;
+    s.epoch_loss_sum = loss_sum;
+    s.epoch_correct = correct;
+    s.epoch_seen = seen;
+    s.fingerprint = fingerprint(c);
+    s.epochs = result.epochs;
+    s.step_losses = result.step_losses;
+    result.checkpoint = save_checkpoint(dir, s, *model, *optimizer);
+  };
+
+  int64_t steps_this_run = 0;
+  for (int64_t epoch = state.epoch; epoch < epochs && step < total_steps; ++epoch) {
+    const int64_t start = epoch == state.epoch ? state.batch : 0;
+    // A resumed epoch continues the sums of the batches run before the interruption.
+    double loss_sum = start > 0 ? state.epoch_loss_sum : 0;
+    int64_t correct = start > 0 ? state.epoch_correct : 0, seen = start > 0 ? state.epoch_seen : 0;
+    const auto epoch_start = Clock::now();
+    progress.start_epoch(epoch, epochs, std::min(per_epoch, start + total_steps - step));
+    int64_t batch_index = start;
+    for (data::Batch& batch : train_loader.epoch(epoch, start)) {
+      const auto t0 = Clock::now();
+      const StepStats s = train_step(*model, *optimizer, accumulation, batch.input, batch.target, c.label_smoothing);
+      const double lr = optimizer->param_groups().front().lr();
+      scheduler.step();
+      ++step;
+      ++steps_this_run;
+      ++batch_index;
+      loss_sum += s.loss * s.samples;
+      correct += s.correct;
+      seen += s.samples;
+      result.step_losses.push_back(s.loss);
+      const double images_per_second = s.samples / std::max(seconds_since(t0), 1e-9);
+      progress.step(batch_index, s.loss, seen / std::max(seconds_since(epoch_start), 1e-9));
+      if (log.is_open())
+        log << fmt::format(R"({{"step":{},"epoch":{},"loss":{},"lr":{},"img_per_s":{:.1f},"accuracy":{}}})", step,
+                           epoch + 1, json_number(s.loss), json_number(lr), images_per_second,
+                           json_number(static_cast<double>(s.correct) / s.samples))
+            << '\n'
+            << std::flush;
+      const bool stop = stop_requested.load() || (c.stop_after_steps > 0 && steps_this_run >= c.stop_after_steps);
+      if (stop && step < total_steps) {
+        progress.finish();
+        const fs::path dir = c.checkpoint_dir.empty() ? fs::path("kiln-train-interrupted") : c.checkpoint_dir;
+        save(epoch, batch_index, dir, loss_sum, correct, seen);
+        if (!c.quiet)
+          out << fmt::format("stopped at step {}; checkpoint in {}; continue with --checkpoint {} --resume\n", step,
+                             result.checkpoint.string(), dir.string());
+        result.interrupted = true;
+        result.steps = step;
+        result.model = model->state_dict();
+        return result;
+      }
+      if (step >= total_steps) break;
+    }
+    progress.finish();
+    EpochRecord record{.epoch = epoch,
+                       .train_loss = seen ? loss_sum / seen : 0,
+                       .train_accuracy = seen ? static_cast<double>(correct) / seen : 0,
+                       .images_per_second = seen / std::max(seconds_since(epoch_start), 1e-9)};
+    if (val_loader) {
+      const Evaluation e = evaluate(*model, *val_loader, c.arch);
+      record.val_loss = e.loss;
+      record.val_accuracy = e.accuracy;
+    }
+    result.epochs.push_back(record);
+    if (!c.quiet)
+      out << fmt::format("epoch {}/{}: loss {:.4f}, train accuracy {:.1f}%{}, {:.1f} img/s, {:.0f} s\n", epoch + 1,
+                         epochs, record.train_loss, 100 * record.train_accuracy,
+                         val_loader ? fmt::format(", validation accuracy {:.2f}% (loss {:.4f})",
+                                                  100 * record.val_accuracy, record.val_loss)
+                                    : "",
+                         record.images_per_second, seconds_since(epoch_start));
+    if (log.is_open())
+      log << fmt::format(R"({{"epoch":{},"step":{},"train_loss":{},"train_accuracy":{},"val_loss":{},"val_accuracy":{}}})",
+                         epoch + 1, step, json_number(record.train_loss), json_number(record.train_accuracy),
+                         json_number(record.val_loss), json_number(record.val_accuracy))
+          << '\n'
+          << std::flush;
+    if (!c.checkpoint_dir.empty()) save(epoch + 1, 0, c.checkpoint_dir, 0, 0, 0);
+  }
+  if (train_loader.skipped() > 0 && !c.quiet)
+    out << fmt::format("skipped {} unreadable samples\n", train_loader.skipped());
+
+  const fs::path plot = !c.plot_file.empty() ? c.plot_file
+                        : !c.checkpoint_dir.empty() ? c.checkpoint_dir / "curves.svg"
+                                                    : fs::path();
+  if (!plot.empty()) {
+    write_plot(plot, result.step_losses, result.epochs, fmt::format("kiln-train {} on {}", c.arch, c.data));
+    if (!c.quiet) out << "plot: " << plot.string() << '\n';
+  }
+  result.steps = step;
+  result.model = model->state_dict();
+  return result;
+}
+
+}  // namespace kiln::train

@@ -1,0 +1,124 @@
+#pragma once
+// The training loop behind kiln-train and `kiln-bench train`: data set and model from a
+// Config, exact gradient accumulation, validation, logs, checkpoints and resume.
+//
+// A run is a pure function of its Config: the model's initial weights come from
+// manual_seed(seed), the loader's order and augmentations from (seed, epoch, sample), and a
+// checkpoint holds everything that changes during a run (weights, optimizer state, the
+// schedule's step, the random generator, the loader's epoch and batch, the history). So a
+// run that is interrupted and resumed ends with the same weights as one that is not.
+#include <atomic>
+#include <cstdint>
+#include <filesystem>
+#include <iosfwd>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "data/dataset.h"
+#include "models/module.h"
+#include "models/state_dict.h"
+#include "optim/accumulation.h"
+#include "optim/optimizer.h"
+
+namespace kiln::train {
+
+struct Config {
+  std::string data = "synthetic";  // synthetic | fashion-mnist | shapes | a folder with train/ (and val/)
+  std::string arch = "resnet50";   // resnet18|34|50|101|152 | mlp | cnn
+  int64_t epochs = 1;
+  int64_t steps = 0;             // stop after this many optimizer steps in all (0: epochs decide)
+  int64_t batch = 32;            // the global batch: samples per optimizer step
+  int64_t micro_batch = 0;       // samples per forward/backward (0: the whole batch)
+  bool micro_batch_auto = false;  // measure, then pick the largest micro-batch that fits
+  int64_t memory_budget = 0;     // bytes for micro_batch_auto (0: half the memory available)
+  double lr = 0.1;
+  std::string lr_schedule = "cosine";  // constant | cosine | step | multistep | onecycle
+  int64_t warmup = 0;                  // linear warmup steps before the schedule
+  std::string optimizer = "sgd";       // sgd | adamw
+  double momentum = 0.9;
+  double weight_decay = 5e-5;  // biases and norm parameters are exempt
+  double label_smoothing = 0.0;
+  int64_t image_size = 0;      // 0: the data set's natural size
+  int64_t workers = 2;
+  std::string device = "cpu";
+  bool compile = false;
+  bool amp = false;
+  bool channels_last = false;
+  uint64_t seed = 0;
+  std::filesystem::path checkpoint_dir;  // empty: no checkpoints (Ctrl-C still saves one)
+  bool resume = false;
+  std::filesystem::path log_file;   // JSON lines; empty: none
+  std::filesystem::path plot_file;  // SVG of loss and accuracy; empty: <checkpoint_dir>/curves.svg or none
+  int64_t train_samples = 0;  // train on an evenly spaced subset of this many samples (0: all)
+  int64_t val_samples = 0;    // validate on an evenly spaced subset (0: all)
+  int64_t print_every = 50;   // steps between plain progress lines when not on a terminal
+  std::filesystem::path cache_dir;  // where --data shapes is generated (empty: $KILN_CACHE_DIR or ~/.cache/kiln)
+  int64_t synthetic_size = 1024;     // samples of --data synthetic
+  int64_t synthetic_classes = 1000;
+  // Stop after this many optimizer steps of this run and save a checkpoint, as Ctrl-C
+  // does (0: never). Tests interrupt runs with it.
+  int64_t stop_after_steps = 0;
+  bool quiet = false;  // no progress output (tests)
+};
+
+// Parses kiln-train's command line (argv[0] is skipped). --help throws HelpRequested.
+Config parse_args(int argc, const char* const* argv);
+struct HelpRequested {
+  std::string text;
+};
+std::string usage();
+
+struct EpochRecord {
+  int64_t epoch = 0;  // from 0
+  double train_loss = 0, train_accuracy = 0;
+  double val_loss = 0, val_accuracy = 0;
+  double images_per_second = 0;
+};
+
+struct Result {
+  StateDict model;  // the final weights and buffers
+  std::vector<EpochRecord> epochs;
+  std::vector<double> step_losses;  // every optimizer step's global-batch mean loss
+  int64_t steps = 0;                // optimizer steps done in all
+  int64_t micro_batch = 0;          // the micro-batch used
+  bool interrupted = false;         // stopped early by Ctrl-C or stop_after_steps
+  std::filesystem::path checkpoint;  // the last checkpoint written, if any
+};
+
+// Trains as the config says, writing progress to `out`. Throws kiln::Error for bad
+// configurations and for features that are not available yet (--compile, --amp,
+// --channels-last, --device cuda without a GPU build).
+Result run(const Config& config, std::ostream& out);
+
+// Asks a running run() to stop after the current optimizer step and save a checkpoint
+// (what kiln-train's SIGINT handler calls; safe from a signal handler).
+void request_stop();
+
+// The zoo model for `arch` taking [N, channels, size, size] to `classes` logits.
+std::shared_ptr<nn::Module> make_model(const std::string& arch, int64_t classes, int64_t channels,
+                                       int64_t image_size);
+
+// One optimizer step on a global batch, cut into micro-batches by `accumulation`: returns
+// the global batch's mean loss and the number of correct top-1 predictions.
+struct StepStats {
+  double loss = 0;
+  int64_t correct = 0;
+  int64_t samples = 0;
+};
+StepStats train_step(nn::Module& model, optim::Optimizer& optimizer, const optim::Accumulation& accumulation,
+                     const Tensor& input, const Tensor& target, double label_smoothing);
+
+// Peak bytes of one forward and backward of `micro_batch` samples shaped `sample_shape`
+// (model state and gradients are restored afterwards), for choose_micro_batch.
+int64_t measure_step_bytes(nn::Module& model, const std::vector<int64_t>& sample_shape, int64_t classes,
+                           int64_t micro_batch);
+// Half of MemAvailable from /proc/meminfo.
+int64_t default_memory_budget();
+
+// Writes an SVG with the loss per step and per epoch, and train and validation accuracy
+// per epoch (atomically: temporary file, rename).
+void write_plot(const std::filesystem::path& path, const std::vector<double>& step_losses,
+                const std::vector<EpochRecord>& epochs, const std::string& title);
+
+}  // namespace kiln::train
