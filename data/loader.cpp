@@ -1,0 +1,283 @@
+#include "data/loader.h"
+
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <exception>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "core/ops/factory.h"
+
+namespace kiln::data {
+
+struct Loader::State {
+  std::atomic<int64_t> skipped = 0;
+};
+
+namespace {
+
+// The shuffle's own stream: sample streams use (seed, epoch, index) with index < size, so
+// the all-ones index never collides with one of them.
+constexpr uint64_t kShuffleStream = ~uint64_t{0};
+
+}  // namespace
+
+Loader::Loader(std::shared_ptr<const Dataset> dataset, LoaderOptions options)
+    : dataset_(std::move(dataset)), options_(options), state_(std::make_shared<State>()) {
+  KILN_CHECK(dataset_ != nullptr, "Loader: the dataset is null");
+  KILN_CHECK(options_.batch_size >= 1, "Loader: batch_size {} must be at least 1",
+             options_.batch_size);
+  KILN_CHECK(options_.workers >= 0, "Loader: workers {} must be 0 or more", options_.workers);
+  KILN_CHECK(options_.prefetch >= 1, "Loader: prefetch {} must be at least 1", options_.prefetch);
+}
+
+Loader::~Loader() = default;
+
+int64_t Loader::batches_per_epoch() const {
+  const int64_t n = dataset_->size();
+  return options_.drop_last ? n / options_.batch_size
+                            : (n + options_.batch_size - 1) / options_.batch_size;
+}
+
+std::vector<int64_t> Loader::order(int64_t epoch) const {
+  KILN_CHECK(epoch >= 0, "Loader::order: epoch {} must be 0 or more", epoch);
+  const int64_t n = dataset_->size();
+  std::vector<int64_t> indices(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) indices[static_cast<size_t>(i)] = i;
+  if (!options_.shuffle) return indices;
+  // Fisher-Yates from the back: position k swaps with a uniform position in [0, k].
+  SampleRng rng(options_.seed, static_cast<uint64_t>(epoch), kShuffleStream);
+  for (int64_t k = n - 1; k > 0; --k)
+    std::swap(indices[static_cast<size_t>(k)], indices[rng.below(static_cast<uint64_t>(k + 1))]);
+  return indices;
+}
+
+int64_t Loader::skipped() const { return state_->skipped.load(); }
+
+// One pass: the order, the batch the consumer holds, and (with workers) the threads and
+// the batches they have loaded ahead, keyed by batch number.
+struct Loader::Epoch::Impl {
+  std::shared_ptr<const Dataset> dataset;
+  LoaderOptions options;
+  std::shared_ptr<Loader::State> state;
+  int64_t epoch = 0;
+  std::vector<int64_t> order;
+  std::vector<int64_t> sample_shape;
+  int64_t end_batch = 0;
+  int64_t next_batch = 0;  // the next batch the consumer takes
+  bool started = false;
+  bool failed = false;
+  Batch current;
+
+  // Worker state: everything below is guarded by `mutex`, except `stop`, which loading
+  // threads also poll between samples.
+  struct Loaded {
+    std::optional<Batch> batch;  // empty when every sample of the batch was skipped
+    std::exception_ptr error;
+  };
+  std::vector<std::thread> threads;
+  std::mutex mutex;
+  std::condition_variable loaded_cv;  // the consumer waits for its batch
+  std::condition_variable space_cv;   // workers wait to be less far ahead
+  std::map<int64_t, Loaded> loaded;
+  int64_t next_claim = 0;     // the next batch number a worker takes
+  int64_t consumer_next = 0;  // the batch the consumer waits for or takes next
+  std::atomic<bool> stop = false;
+
+  ~Impl() { stop_workers(); }
+
+  int64_t window() const { return options.workers * options.prefetch; }
+
+  // Loads batch `b` (its samples in order); empty when all its samples were bad and skipped,
+  // or when the workers were told to stop.
+  std::optional<Batch> load_batch(int64_t b) {
+    const int64_t n = static_cast<int64_t>(order.size());
+    const int64_t first = b * options.batch_size, last = std::min(first + options.batch_size, n);
+    std::vector<int64_t> indices;
+    std::vector<Sample> samples;
+    indices.reserve(static_cast<size_t>(last - first));
+    samples.reserve(static_cast<size_t>(last - first));
+    for (int64_t k = first; k < last; ++k) {
+      if (stop.load(std::memory_order_relaxed)) return std::nullopt;
+      const int64_t index = order[static_cast<size_t>(k)];
+      SampleRng rng(options.seed, static_cast<uint64_t>(epoch), static_cast<uint64_t>(index));
+      try {
+        samples.push_back(dataset->get(index, rng));
+      } catch (const BadSample&) {
+        if (!options.skip_bad_samples) throw;
+        state->skipped.fetch_add(1);
+        continue;
+      }
+      indices.push_back(index);
+    }
+    if (samples.empty()) return std::nullopt;
+
+    Shape batch_shape = sample_shape;
+    batch_shape.insert(batch_shape.begin(), static_cast<int64_t>(samples.size()));
+    Batch batch;
+    batch.input = empty(batch_shape);
+    batch.target = empty({static_cast<int64_t>(samples.size())}, {.dtype = DType::i64});
+    // Plain memcpy rather than tensor ops: this runs in worker threads, and the ops may
+    // start OpenMP teams of their own.
+    auto* input = static_cast<char*>(batch.input.data_ptr());
+    int64_t* target = batch.target.data_ptr<int64_t>();
+    const int64_t num_classes = dataset->num_classes();
+    const size_t sample_bytes = static_cast<size_t>(numel_of(sample_shape)) * sizeof(float);
+    for (size_t s = 0; s < samples.size(); ++s) {
+      const Tensor& x = samples[s].input;
+      KILN_CHECK(x.defined() && x.dtype() == DType::f32 && x.device().is_cpu() &&
+                     x.shape() == sample_shape,
+                 "Loader: sample {} is {}, but the dataset's sample_shape() is f32[{}] cpu",
+                 indices[s], x.defined() ? x.meta_str() : "undefined",
+                 fmt::join(sample_shape, ","));
+      const Tensor contiguous = x.contiguous();
+      std::memcpy(input + s * sample_bytes, contiguous.data_ptr(), sample_bytes);
+      const int64_t label = samples[s].label;
+      KILN_CHECK(label >= 0 && label < num_classes,
+                 "Loader: sample {} has label {}, outside [0, {})", indices[s], label, num_classes);
+      target[s] = label;
+    }
+    batch.indices = std::move(indices);
+    batch.epoch = epoch;
+    batch.index = b;
+    return batch;
+  }
+
+  void start_workers() {
+    next_claim = consumer_next = next_batch;
+    threads.reserve(static_cast<size_t>(options.workers));
+    try {
+      for (int64_t w = 0; w < options.workers; ++w) threads.emplace_back([this] { work(); });
+    } catch (...) {
+      stop_workers();
+      throw;
+    }
+  }
+
+  void work() {
+    while (true) {
+      int64_t b;
+      {
+        std::unique_lock lock(mutex);
+        // Bounded memory: never more than window() batches past the one the consumer waits for.
+        space_cv.wait(lock, [&] {
+          return stop.load() || next_claim >= end_batch || next_claim < consumer_next + window();
+        });
+        if (stop.load() || next_claim >= end_batch) return;
+        b = next_claim++;
+      }
+      Loaded result;
+      try {
+        result.batch = load_batch(b);
+      } catch (...) {
+        // Carried to the consumer and rethrown at this batch's turn.
+        result.error = std::current_exception();
+      }
+      {
+        std::lock_guard lock(mutex);
+        loaded.insert_or_assign(b, std::move(result));
+      }
+      loaded_cv.notify_all();
+    }
+  }
+
+  void stop_workers() {
+    {
+      std::lock_guard lock(mutex);
+      stop.store(true);
+    }
+    space_cv.notify_all();
+    for (std::thread& t : threads)
+      if (t.joinable()) t.join();
+    threads.clear();
+    loaded.clear();
+  }
+
+  // Batch `b` from the workers; rethrows the error a worker met loading it.
+  std::optional<Batch> take_loaded(int64_t b) {
+    Loaded result;
+    {
+      std::unique_lock lock(mutex);
+      consumer_next = b;
+      loaded_cv.wait(lock, [&] { return loaded.count(b) != 0; });
+      auto node = loaded.extract(b);
+      result = std::move(node.mapped());
+      consumer_next = b + 1;
+    }
+    space_cv.notify_all();
+    if (result.error) std::rethrow_exception(result.error);
+    return std::move(result.batch);
+  }
+
+  // The next non-empty batch, or null at the end of the epoch. A batch whose samples were
+  // all skipped as bad is skipped entirely: there is nothing to train on, and an empty
+  // [0, ...] batch would only trip up the step that receives it.
+  Batch* advance() {
+    if (failed) return nullptr;
+    try {
+      while (next_batch < end_batch) {
+        const int64_t b = next_batch++;
+        std::optional<Batch> batch = options.workers == 0 ? load_batch(b) : take_loaded(b);
+        if (batch) {
+          current = std::move(*batch);
+          return &current;
+        }
+      }
+    } catch (...) {
+      // The pass ends with the error; stop loading what nobody will take.
+      failed = true;
+      stop_workers();
+      throw;
+    }
+    stop_workers();
+    return nullptr;
+  }
+};
+
+Loader::Epoch Loader::epoch(int64_t epoch, int64_t start) {
+  const int64_t batches = batches_per_epoch();
+  KILN_CHECK(epoch >= 0, "Loader::epoch: epoch {} must be 0 or more", epoch);
+  KILN_CHECK(start >= 0 && start <= batches,
+             "Loader::epoch: start batch {} outside [0, {}] ({} batches per epoch)", start, batches,
+             batches);
+  auto impl = std::make_unique<Epoch::Impl>();
+  impl->dataset = dataset_;
+  impl->options = options_;
+  impl->state = state_;
+  impl->epoch = epoch;
+  impl->order = order(epoch);
+  impl->sample_shape = dataset_->sample_shape();
+  impl->end_batch = batches;
+  impl->next_batch = start;
+  return Epoch(std::move(impl));
+}
+
+Loader::Epoch::Epoch(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Loader::Epoch::Epoch(Epoch&&) noexcept = default;
+Loader::Epoch::~Epoch() = default;
+
+Loader::Epoch::Iterator Loader::Epoch::begin() {
+  KILN_CHECK(impl_ != nullptr, "Loader::Epoch::begin: the epoch was moved from");
+  KILN_CHECK(!impl_->started,
+             "Loader::Epoch::begin: an Epoch is a single pass; call loader.epoch(e) again");
+  impl_->started = true;
+  if (impl_->options.workers > 0 && impl_->next_batch < impl_->end_batch) impl_->start_workers();
+  return Iterator(impl_.get(), impl_->advance());
+}
+
+Loader::Epoch::Iterator Loader::Epoch::end() { return Iterator(impl_.get(), nullptr); }
+
+Loader::Epoch::Iterator& Loader::Epoch::Iterator::operator++() {
+  KILN_CHECK(batch_ != nullptr, "Loader::Epoch::Iterator: incremented past the end");
+  batch_ = nullptr;  // stays at the end if loading the next batch throws
+  batch_ = epoch_->advance();
+  return *this;
+}
+
+}  // namespace kiln::data
