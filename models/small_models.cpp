@@ -64,4 +64,23 @@ Tensor SmallCNN::forward(const Tensor& x) {
   return fc_(features_(x).flatten(1));
 }
 
+ConvNet::ConvNet(ConvNetOptions options) {
+  KILN_CHECK(options.in_channels > 0 && options.num_classes > 0 && !options.widths.empty(),
+             "ConvNet: in_channels ({}) and num_classes ({}) must be positive and widths {} not empty",
+             options.in_channels, options.num_classes, sizes_str(options.widths));
+  int64_t in = options.in_channels;
+  for (size_t i = 0; i < options.widths.size(); ++i) {
+    const int64_t out = options.widths[i];
+    KILN_CHECK(out > 0, "ConvNet: widths {} must be positive", sizes_str(options.widths));
+    if (i > 0) push_back(nn::MaxPool2d(2));
+    push_back(conv3x3(in, out));
+    push_back(nn::BatchNorm2d(out));
+    push_back(nn::ReLU());
+    in = out;
+  }
+  push_back(nn::AdaptiveAvgPool2d(1));
+  push_back(nn::Flatten());
+  push_back(nn::Linear(in, options.num_classes));
+}
+
 }  // namespace kiln::models

@@ -39,4 +39,19 @@ class SmallCNN : public nn::Module {
   nn::Linear fc_;
 };
 
+struct ConvNetOptions {
+  int64_t in_channels = 3;
+  int64_t num_classes = 10;
+  std::vector<int64_t> widths = {16, 32, 64, 128};  // channels of each stage
+};
+
+// A plain VGG-style net that sees whole objects: per stage a 3x3 conv, BatchNorm and ReLU,
+// with a 2x2 max pool between stages; then global average pooling and a linear classifier,
+// so it takes any image size of at least 2^(stages-1). Children "0".. of a Sequential.
+// kiln-train's --arch cnn.
+class ConvNet : public nn::Sequential {
+ public:
+  explicit ConvNet(ConvNetOptions options = {});
+};
+
 }  // namespace kiln::models

@@ -210,8 +210,7 @@ std::shared_ptr<nn::Module> make_model(const std::string& arch, int64_t classes,
   if (arch == "mlp")
     return std::make_shared<models::MLP>(models::MLP({channels * image_size * image_size, 256, 128, classes}));
   if (arch == "cnn")
-    return std::make_shared<models::SmallCNN>(models::SmallCNN(
-        {.in_channels = channels, .num_classes = classes, .image_size = image_size, .channels1 = 16, .channels2 = 32}));
+    return std::make_shared<models::ConvNet>(models::ConvNet({.in_channels = channels, .num_classes = classes}));
   fail("kiln-train: --arch {}: expected resnet18, resnet34, resnet50, resnet101, resnet152, mlp or cnn", arch);
 }
 
