@@ -1,5 +1,6 @@
 // kiln-bench: speed measured as ratios in one run. `kiln-bench ops` times single ops and
 // prints one JSON line each.
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <functional>
@@ -12,6 +13,7 @@
 #include <kiln.h>
 
 #include "kernels/cpu/gemm.h"
+#include "tools/trainer.h"
 
 using namespace kiln;
 
@@ -79,14 +81,87 @@ int bench_ops() {
   return 0;
 }
 
+
+struct TrainBenchOptions {
+  std::string arch = "resnet50";
+  std::string device = "cpu";
+  int64_t batch = 8, micro_batch = 0, image_size = 64, classes = 1000, steps = 10, warmup = 2;
+};
+
+// One JSON line: the median time of an optimizer step (forward, backward, SGD update) of
+// `arch` on a synthetic batch, images per second, and the peak bytes of live tensors
+// during the timed steps (parameters, gradients and optimizer state included).
+int bench_train(const TrainBenchOptions& o) {
+  KILN_CHECK(o.device == "cpu", "kiln-bench train: --device {} is not available yet (no CUDA backend in this build)",
+             o.device);
+  KILN_CHECK(o.batch > 0 && o.steps > 0 && o.warmup >= 0 && o.image_size > 0,
+             "kiln-bench train: --batch, --steps and --image-size must be positive");
+  manual_seed(0);
+  std::shared_ptr<nn::Module> model = train::make_model(o.arch, o.classes, 3, o.image_size);
+  optim::SGD sgd(model->parameters(), {.lr = 0.01, .momentum = 0.9, .weight_decay = 5e-5});
+  const optim::Accumulation accumulation({.batch = o.batch, .micro_batch = o.micro_batch > 0 ? o.micro_batch : o.batch});
+  Tensor x = randn({o.batch, 3, o.image_size, o.image_size});
+  Tensor y = randint(0, o.classes, {o.batch});
+  for (int64_t i = 0; i < o.warmup; ++i) train::train_step(*model, sgd, accumulation, x, y, 0.0);
+  reset_peak_memory();
+  std::vector<double> ms;
+  for (int64_t i = 0; i < o.steps; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    train::train_step(*model, sgd, accumulation, x, y, 0.0);
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(ms.begin(), ms.end());
+  const double median = ms.size() % 2 ? ms[ms.size() / 2] : (ms[ms.size() / 2 - 1] + ms[ms.size() / 2]) / 2;
+  int64_t parameters = 0;
+  for (const Tensor& p : model->parameters()) parameters += p.numel();
+  std::cout << fmt::format(
+      R"({{"bench":"train","mode":"eager","arch":"{}","device":"{}","batch":{},"micro_batch":{},"image_size":{},)"
+      R"("parameters":{},"steps":{},"median_step_ms":{:.1f},"img_per_s":{:.1f},"peak_mib":{:.1f}}})""\n",
+      o.arch, o.device, o.batch, accumulation.options().micro_batch, o.image_size, parameters, o.steps, median,
+      1000.0 * static_cast<double>(o.batch) / median, static_cast<double>(memory_stats().peak) / 1048576.0);
+  return 0;
+}
+
+TrainBenchOptions parse_train_options(int argc, char** argv) {
+  TrainBenchOptions o;
+  for (int i = 2; i < argc; ++i) {
+    const std::string option = argv[i];
+    KILN_CHECK(i + 1 < argc, "kiln-bench train: {} needs a value", option);
+    const std::string value = argv[++i];
+    auto number = [&] {
+      try {
+        size_t used = 0;
+        const long long v = std::stoll(value, &used);
+        if (used == value.size()) return static_cast<int64_t>(v);
+      } catch (const std::exception&) {
+      }
+      fail("kiln-bench train: {} {}: expected an integer", option, value);
+    };
+    if (option == "--arch") o.arch = value;
+    else if (option == "--device") o.device = value;
+    else if (option == "--batch") o.batch = number();
+    else if (option == "--micro-batch") o.micro_batch = number();
+    else if (option == "--image-size") o.image_size = number();
+    else if (option == "--classes") o.classes = number();
+    else if (option == "--steps") o.steps = number();
+    else if (option == "--warmup") o.warmup = number();
+    else fail("kiln-bench train: unknown option {}", option);
+  }
+  return o;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   try {
     if (argc == 2 && std::strcmp(argv[1], "ops") == 0) return bench_ops();
-    std::cerr << "usage: kiln-bench ops\n"
-                 "  ops   GFLOP/s of a 1024^3 f32 matmul, GB/s of a 64M-element add against\n"
-                 "        memcpy, ms of a ResNet-50-sized conv2d; one JSON line each\n";
+    if (argc >= 2 && std::strcmp(argv[1], "train") == 0) return bench_train(parse_train_options(argc, argv));
+    std::cerr << "usage: kiln-bench ops | train [options]\n"
+                 "  ops    GFLOP/s of a 1024^3 f32 matmul, GB/s of a 64M-element add against\n"
+                 "         memcpy, ms of a ResNet-50-sized conv2d; one JSON line each\n"
+                 "  train  median step time, img/s and peak memory of training a zoo model on a\n"
+                 "         synthetic batch: --arch resnet50 --batch 8 --micro-batch N --image-size 64\n"
+                 "         --classes 1000 --steps 10 --warmup 2 --device cpu\n";
     return 2;
   } catch (const Error& e) {
     std::cerr << "kiln-bench: " << e.what() << "\n";

@@ -201,7 +201,9 @@ void request_stop() { stop_requested.store(true); }
 
 std::shared_ptr<nn::Module> make_model(const std::string& arch, int64_t classes, int64_t channels,
                                        int64_t image_size) {
-  const models::ResNetOptions options{.num_classes = classes, .in_channels = channels};
+  // Each residual block starts as the identity (its last BatchNorm weight is zero), which
+  // keeps the first steps of training from scratch stable ("Bag of Tricks", He et al. 2019).
+  const models::ResNetOptions options{.num_classes = classes, .zero_init_residual = true, .in_channels = channels};
   if (arch == "resnet18") return std::make_shared<models::ResNet>(models::resnet18(options));
   if (arch == "resnet34") return std::make_shared<models::ResNet>(models::resnet34(options));
   if (arch == "resnet50") return std::make_shared<models::ResNet>(models::resnet50(options));
@@ -361,6 +363,7 @@ Result run(const Config& c, std::ostream& out) {
     double loss_sum = start > 0 ? state.epoch_loss_sum : 0;
     int64_t correct = start > 0 ? state.epoch_correct : 0, seen = start > 0 ? state.epoch_seen : 0;
     const auto epoch_start = Clock::now();
+    int64_t seen_now = 0;  // samples of this epoch run by this process, for the rates
     progress.start_epoch(epoch, epochs, std::min(per_epoch, start + total_steps - step));
     int64_t batch_index = start;
     for (data::Batch& batch : train_loader.epoch(epoch, start)) {
@@ -374,9 +377,10 @@ Result run(const Config& c, std::ostream& out) {
       loss_sum += s.loss * s.samples;
       correct += s.correct;
       seen += s.samples;
+      seen_now += s.samples;
       result.step_losses.push_back(s.loss);
       const double images_per_second = s.samples / std::max(seconds_since(t0), 1e-9);
-      progress.step(batch_index, s.loss, seen / std::max(seconds_since(epoch_start), 1e-9));
+      progress.step(batch_index, s.loss, seen_now / std::max(seconds_since(epoch_start), 1e-9));
       if (log.is_open())
         log << fmt::format(R"({{"step":{},"epoch":{},"loss":{},"lr":{},"img_per_s":{:.1f},"accuracy":{}}})", step,
                            epoch + 1, json_number(s.loss), json_number(lr), images_per_second,
@@ -402,7 +406,7 @@ Result run(const Config& c, std::ostream& out) {
     EpochRecord record{.epoch = epoch,
                        .train_loss = seen ? loss_sum / seen : 0,
                        .train_accuracy = seen ? static_cast<double>(correct) / seen : 0,
-                       .images_per_second = seen / std::max(seconds_since(epoch_start), 1e-9)};
+                       .images_per_second = seen_now / std::max(seconds_since(epoch_start), 1e-9)};
     if (val_loader) {
       const Evaluation e = evaluate(*model, *val_loader, c.arch);
       record.val_loss = e.loss;
