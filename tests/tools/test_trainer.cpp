@@ -1,0 +1,488 @@
+// kiln-train's engine (tools/trainer.h): a run interrupted and resumed ends bitwise equal to
+// one that is not (mid-epoch, at an epoch boundary, twice, with other worker counts, with
+// adamw); a step's loss and update do not depend on how the global batch is cut into
+// micro-batches; checkpoint folders, rotation, atomicity and resume errors; the JSON log and
+// the SVG plot; --micro-batch auto; the "not available yet" features and bad names; and the
+// issue's target, 90% validation accuracy on the shapes data.
+//
+// Tolerances: resume equivalence is exact (every tensor byte, every step loss, every epoch
+// record except its images/s, a timing). Micro-batch equivalence uses an MLP (no batch
+// norm, whose statistics would depend on the micro-batch), so only float rounding of the
+// accumulated sums differs: step loss rtol 1e-6, weights rtol 1e-5 atol 1e-6.
+#include "testing.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tools/checkpoint.h"
+#include "tools/trainer.h"
+
+using namespace kiln;
+using Catch::Matchers::Contains;
+namespace fs = std::filesystem;
+namespace train = kiln::train;
+
+namespace {
+
+// A fresh folder under the system's temporary directory, removed with everything in it.
+class TempDir {
+ public:
+  TempDir() {
+    static std::atomic<int> counter{0};
+    path_ = fs::temp_directory_path() / ("kiln-trainer-test-" + std::to_string(::getpid()) + "-" +
+                                         std::to_string(counter++));
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+// A ConvNet on 40 synthetic 12x12 images of 4 classes: 5 steps of batch 8 per epoch, each in
+// two micro-batches of 4.
+train::Config small_cnn() {
+  train::Config c;
+  c.data = "synthetic";
+  c.synthetic_size = 40;
+  c.synthetic_classes = 4;
+  c.image_size = 12;
+  c.arch = "cnn";
+  c.batch = 8;
+  c.micro_batch = 4;
+  c.epochs = 2;
+  c.workers = 1;
+  c.seed = 3;
+  c.lr = 0.05;
+  c.quiet = true;
+  return c;
+}
+
+train::Result run(const train::Config& c) {
+  std::ostringstream out;
+  return train::run(c, out);
+}
+
+// Same names, dtypes, shapes and bytes.
+void require_bitwise_equal(const StateDict& actual, const StateDict& expected) {
+  REQUIRE(actual.size() == expected.size());
+  for (const auto& [name, e] : expected) {
+    INFO("tensor " << name);
+    auto it = actual.find(name);
+    REQUIRE(it != actual.end());
+    const Tensor a = it->second.contiguous(), x = e.contiguous();
+    REQUIRE(a.dtype() == x.dtype());
+    REQUIRE(a.shape() == x.shape());
+    CHECK(std::memcmp(a.data_ptr(), x.data_ptr(), a.numel() * a.itemsize()) == 0);
+  }
+}
+
+// Step losses and epoch records, exactly, but for images/s (a timing).
+void require_same_history(const train::Result& actual, const train::Result& expected) {
+  CHECK(actual.step_losses == expected.step_losses);
+  REQUIRE(actual.epochs.size() == expected.epochs.size());
+  for (size_t i = 0; i < expected.epochs.size(); ++i) {
+    INFO("epoch record " << i);
+    const train::EpochRecord &a = actual.epochs[i], &e = expected.epochs[i];
+    CHECK(a.epoch == e.epoch);
+    CHECK(a.train_loss == e.train_loss);
+    CHECK(a.train_accuracy == e.train_accuracy);
+    CHECK(a.val_loss == e.val_loss);
+    CHECK(a.val_accuracy == e.val_accuracy);
+  }
+}
+
+std::string read_text(const fs::path& path) {
+  std::ifstream f(path);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+std::vector<std::string> read_lines(const fs::path& path) {
+  std::ifstream f(path);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(f, line);) lines.push_back(line);
+  return lines;
+}
+
+// Interrupts `c` after `stop_after` steps, then resumes it (with `resume_workers` loader
+// threads) until done; returns the resumed run's result.
+train::Result interrupted_and_resumed(train::Config c, const fs::path& dir, int64_t stop_after,
+                                      int64_t resume_workers) {
+  c.checkpoint_dir = dir;
+  c.stop_after_steps = stop_after;
+  const train::Result first = run(c);
+  REQUIRE(first.interrupted);
+  REQUIRE(first.steps == stop_after);
+  REQUIRE(fs::is_directory(first.checkpoint));
+  c.stop_after_steps = 0;
+  c.resume = true;
+  c.workers = resume_workers;
+  return run(c);
+}
+
+}  // namespace
+
+TEST_CASE("trainer: an interrupted and resumed run ends bitwise equal to an uninterrupted one", "[trainer]") {
+  train::Config c = small_cnn();
+  auto optimizer = GENERATE(as<std::string>{}, "sgd", "adamw");
+  c.optimizer = optimizer;
+  INFO("optimizer " << optimizer);
+  // Every section compares with the same uninterrupted run: run it once per optimizer.
+  static std::map<std::string, train::Result> references;
+  if (!references.contains(optimizer)) references[optimizer] = run(c);
+  const train::Result& reference = references[optimizer];
+  REQUIRE_FALSE(reference.interrupted);
+  REQUIRE(reference.steps == 10);
+  REQUIRE(reference.step_losses.size() == 10);
+  REQUIRE(reference.epochs.size() == 2);
+  REQUIRE(reference.micro_batch == 4);
+
+  TempDir tmp;
+  SECTION("stopped mid-epoch (step 3 of 5)") {
+    const train::Result resumed = interrupted_and_resumed(c, tmp.path(), 3, c.workers);
+    CHECK_FALSE(resumed.interrupted);
+    CHECK(resumed.steps == 10);
+    require_bitwise_equal(resumed.model, reference.model);
+    require_same_history(resumed, reference);
+  }
+  SECTION("stopped at the epoch boundary (step 5)") {
+    const train::Result resumed = interrupted_and_resumed(c, tmp.path(), 5, c.workers);
+    require_bitwise_equal(resumed.model, reference.model);
+    require_same_history(resumed, reference);
+  }
+  SECTION("resumed with no loader threads") {
+    const train::Result resumed = interrupted_and_resumed(c, tmp.path(), 3, 0);
+    require_bitwise_equal(resumed.model, reference.model);
+    require_same_history(resumed, reference);
+  }
+  SECTION("resumed with two loader threads") {
+    const train::Result resumed = interrupted_and_resumed(c, tmp.path(), 7, 2);
+    require_bitwise_equal(resumed.model, reference.model);
+    require_same_history(resumed, reference);
+  }
+  SECTION("stopped twice") {
+    c.checkpoint_dir = tmp.path();
+    c.stop_after_steps = 2;
+    REQUIRE(run(c).steps == 2);
+    c.resume = true;
+    c.stop_after_steps = 6;
+    const train::Result second = run(c);
+    REQUIRE(second.interrupted);
+    REQUIRE(second.steps == 8);
+    c.stop_after_steps = 0;
+    const train::Result resumed = run(c);
+    require_bitwise_equal(resumed.model, reference.model);
+    require_same_history(resumed, reference);
+  }
+}
+
+TEST_CASE("trainer: a run with other workers or a checkpoint folder gives the same weights", "[trainer]") {
+  train::Config c = small_cnn();
+  const train::Result reference = run(c);
+  TempDir tmp;
+  c.workers = 0;
+  c.checkpoint_dir = tmp.path();
+  const train::Result other = run(c);
+  require_bitwise_equal(other.model, reference.model);
+  require_same_history(other, reference);
+}
+
+TEST_CASE("trainer: the step loss is the global batch mean however the batch is split", "[trainer]") {
+  // An MLP has no batch norm, so accumulation is exact up to float rounding.
+  train::Config c;
+  c.data = "synthetic";
+  c.synthetic_size = 16;
+  c.synthetic_classes = 4;
+  c.image_size = 8;
+  c.arch = "mlp";
+  c.batch = 8;
+  c.steps = 1;
+  c.lr = 0.1;
+  c.workers = 0;
+  c.seed = 5;
+  c.quiet = true;
+  c.micro_batch = 0;
+  const train::Result whole = run(c);
+  REQUIRE(whole.steps == 1);
+  REQUIRE(whole.step_losses.size() == 1);
+  CHECK(whole.micro_batch == 8);
+  for (int64_t micro : {3, 8}) {
+    INFO("micro-batch " << micro);
+    c.micro_batch = micro;
+    const train::Result split = run(c);
+    CHECK(split.micro_batch == micro);
+    REQUIRE(split.step_losses.size() == 1);
+    CHECK(split.step_losses[0] == Approx(whole.step_losses[0]).epsilon(1e-6));
+    REQUIRE(split.model.size() == whole.model.size());
+    for (const auto& [name, weight] : whole.model) {
+      INFO("tensor " << name);
+      KILN_CHECK_CLOSE(split.model.at(name), weight, 1e-5, 1e-6);
+    }
+  }
+}
+
+TEST_CASE("trainer: checkpoints are complete, rotated and atomic", "[trainer]") {
+  TempDir tmp;
+  const fs::path dir = tmp.path() / "ckpt";
+  train::Config c = small_cnn();
+  c.epochs = 3;
+  c.checkpoint_dir = dir;
+  const train::Result done = run(c);
+  REQUIRE(done.steps == 15);
+
+  const std::string latest = read_text(dir / "latest");
+  CHECK(latest == "step-00000015\n");
+  const fs::path newest = dir / "step-00000015";
+  CHECK(done.checkpoint == newest);
+  for (const char* file : {"model.safetensors", "optimizer.safetensors", "trainer.safetensors"}) {
+    INFO(file);
+    CHECK(fs::is_regular_file(newest / file));
+  }
+  int64_t step_folders = 0;
+  for (const auto& entry : fs::recursive_directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    INFO(entry.path().string());
+    CHECK(name.find(".tmp-") == std::string::npos);
+    if (entry.is_directory() && name.starts_with("step-")) ++step_folders;
+  }
+  CHECK(step_folders == 2);
+  CHECK(fs::is_regular_file(dir / "curves.svg"));  // the plot's default place
+
+  SECTION("resuming a finished run returns its weights without training") {
+    c.resume = true;
+    const train::Result again = run(c);
+    CHECK(again.steps == 15);
+    require_bitwise_equal(again.model, done.model);
+    require_same_history(again, done);
+  }
+  SECTION("resuming with other settings is refused") {
+    c.resume = true;
+    c.lr = 0.06;
+    REQUIRE_THROWS_WITH(run(c), Contains("other settings") && Contains("lr=0.06"));
+  }
+  SECTION("resuming without a checkpoint says so") {
+    c.resume = true;
+    c.checkpoint_dir = tmp.path() / "empty";
+    fs::create_directories(c.checkpoint_dir);
+    REQUIRE_THROWS_WITH(run(c), Contains("no checkpoint") && Contains("empty"));
+    c.checkpoint_dir.clear();
+    REQUIRE_THROWS_WITH(run(c), Contains("--resume needs --checkpoint"));
+  }
+  SECTION("a corrupt trainer.safetensors is an error naming it") {
+    std::ofstream(newest / "trainer.safetensors", std::ios::trunc) << "this is not a safetensors file";
+    c.resume = true;
+    REQUIRE_THROWS_AS(run(c), Error);
+    REQUIRE_THROWS_WITH(run(c), Contains("trainer.safetensors"));
+  }
+  SECTION("latest naming a missing folder is an error naming both") {
+    fs::remove_all(newest);
+    c.resume = true;
+    REQUIRE_THROWS_WITH(run(c), Contains("latest") && Contains("step-00000015"));
+  }
+}
+
+TEST_CASE("trainer: the log has a JSON line per step and per epoch and the plot is an SVG", "[trainer]") {
+  TempDir tmp;
+  train::Config c = small_cnn();
+  c.log_file = tmp.path() / "log.jsonl";
+  c.plot_file = tmp.path() / "curves.svg";
+  const train::Result done = run(c);
+
+  const std::vector<std::string> lines = read_lines(c.log_file);
+  REQUIRE(lines.size() == 12);  // 5 steps and an epoch line, twice
+  int64_t step_lines = 0, epoch_lines = 0;
+  for (const std::string& line : lines) {
+    INFO(line);
+    REQUIRE(line.starts_with("{"));
+    REQUIRE(line.ends_with("}"));
+    if (line.starts_with("{\"step\":")) {
+      ++step_lines;
+      for (const char* key : {"\"step\":", "\"epoch\":", "\"loss\":", "\"lr\":", "\"img_per_s\":", "\"accuracy\":"})
+        CHECK_THAT(line, Contains(key));
+    } else {
+      ++epoch_lines;
+      CHECK(line.starts_with("{\"epoch\":"));
+      for (const char* key : {"\"train_loss\":", "\"train_accuracy\":", "\"val_loss\":", "\"val_accuracy\":"})
+        CHECK_THAT(line, Contains(key));
+    }
+    CHECK_THAT(line, !Contains("null"));
+  }
+  CHECK(step_lines == 10);
+  CHECK(epoch_lines == 2);
+  CHECK(lines[5].starts_with("{\"epoch\":1,\"step\":5,"));
+  CHECK(lines[11].starts_with("{\"epoch\":2,\"step\":10,"));
+
+  const std::string svg = read_text(c.plot_file);
+  CHECK(svg.starts_with("<svg"));
+  CHECK_THAT(svg, Contains("</svg>"));
+  CHECK(svg.find("</svg>") > svg.size() - 16);  // closed at the end
+  CHECK_FALSE(fs::exists(tmp.path() / "ckpt"));   // no checkpoint folder asked for, none made
+  (void)done;
+
+  SECTION("an interrupted and resumed run appends to the same log") {
+    TempDir other;
+    train::Config r = c;
+    r.log_file = other.path() / "log.jsonl";
+    r.plot_file.clear();
+    r.checkpoint_dir = other.path() / "ckpt";
+    r.stop_after_steps = 3;
+    run(r);
+    CHECK(read_lines(r.log_file).size() == 3);
+    r.stop_after_steps = 0;
+    r.resume = true;
+    run(r);
+    CHECK(read_lines(r.log_file).size() == 12);
+    CHECK(fs::is_regular_file(r.checkpoint_dir / "curves.svg"));
+  }
+}
+
+TEST_CASE("trainer: micro-batch auto picks the largest micro-batch that fits the budget", "[trainer]") {
+  train::Config c = small_cnn();
+  c.micro_batch = 0;
+  c.micro_batch_auto = true;
+  c.epochs = 1;
+  // 16x16 images: the ConvNet's last stage sees 2x2, so batch norm has more than one value
+  // per channel even for the one-sample trial (at 12x12 it sees 1x1 and the trial throws).
+  c.image_size = 16;
+
+  // What a step of 1, 2, 4 samples of this configuration takes (the weights do not matter).
+  std::shared_ptr<nn::Module> model = train::make_model("cnn", 4, 3, 16);
+  const StateDict before = [&] {
+    StateDict copy;
+    for (const auto& [name, t] : model->state_dict()) copy[name] = t.clone();
+    return copy;
+  }();
+  const int64_t one = train::measure_step_bytes(*model, {3, 16, 16}, 4, 1);
+  const int64_t two = train::measure_step_bytes(*model, {3, 16, 16}, 4, 2);
+  const int64_t four = train::measure_step_bytes(*model, {3, 16, 16}, 4, 4);
+  INFO("peak bytes of 1, 2, 4 samples: " << one << ", " << two << ", " << four);
+  REQUIRE(one > 0);
+  REQUIRE(one < two);
+  REQUIRE(two < four);
+  require_bitwise_equal(model->state_dict(), before);  // the trials leave the model as it was
+  for (const Tensor& p : model->parameters()) {
+    if (!p.grad().defined()) continue;
+    bool zero = true;
+    for (double g : testing::values(p.grad())) zero = zero && g == 0;
+    CHECK(zero);  // and no gradient left behind
+  }
+
+  SECTION("a huge budget takes the whole batch, with the same weights as no accumulation") {
+    c.memory_budget = int64_t{1} << 40;
+    const train::Result automatic = run(c);
+    CHECK(automatic.micro_batch == 8);
+    train::Config plain = c;
+    plain.micro_batch_auto = false;
+    plain.micro_batch = 0;
+    require_bitwise_equal(automatic.model, run(plain).model);
+  }
+  SECTION("a budget below one sample is an error") {
+    c.memory_budget = one / 2;
+    REQUIRE_THROWS_WITH(run(c), Contains("one sample needs"));
+  }
+  SECTION("a budget between the 2- and 4-sample peaks gives 2") {
+    c.memory_budget = (two + four) / 2;
+    CHECK(run(c).micro_batch == 2);
+  }
+  SECTION("a bigger budget never gives a smaller micro-batch") {
+    int64_t previous = 0;
+    for (int64_t budget : {one, two, (two + four) / 2, four, four * 2, four * 8}) {
+      INFO("budget " << budget);
+      c.memory_budget = budget;
+      const int64_t micro = run(c).micro_batch;
+      CHECK(micro >= previous);
+      previous = micro;
+    }
+    CHECK(previous == 8);
+  }
+}
+
+TEST_CASE("trainer: features of later issues say they are not available yet", "[trainer]") {
+  train::Config c = small_cnn();
+  SECTION("compile") { c.compile = true; }
+  SECTION("amp") { c.amp = true; }
+  SECTION("channels last") { c.channels_last = true; }
+  SECTION("cuda") { c.device = "cuda"; }
+  REQUIRE_THROWS_AS(run(c), Error);
+  REQUIRE_THROWS_WITH(run(c), Contains("not available yet"));
+}
+
+TEST_CASE("trainer: bad settings are errors naming them", "[trainer]") {
+  train::Config c = small_cnn();
+  c.epochs = 1;
+  SECTION("arch") {
+    c.arch = "resnet9";
+    REQUIRE_THROWS_WITH(run(c), Contains("--arch resnet9"));
+  }
+  SECTION("optimizer") {
+    c.optimizer = "lamb";
+    REQUIRE_THROWS_WITH(run(c), Contains("--optimizer lamb"));
+  }
+  SECTION("schedule") {
+    c.lr_schedule = "linear";
+    REQUIRE_THROWS_WITH(run(c), Contains("--lr-schedule linear"));
+  }
+  SECTION("device") {
+    c.device = "tpu";
+    REQUIRE_THROWS_WITH(run(c), Contains("--device tpu"));
+  }
+  SECTION("data") {
+    c.data = (fs::temp_directory_path() / "kiln-no-such-folder").string();
+    REQUIRE_THROWS_WITH(run(c), Contains("kiln-no-such-folder"));
+  }
+  SECTION("micro-batch above the batch") {
+    c.micro_batch = 9;
+    REQUIRE_THROWS_WITH(run(c), Contains("--micro-batch 9"));
+  }
+  SECTION("no epochs or steps") {
+    c.epochs = 0;
+    REQUIRE_THROWS_WITH(run(c), Contains("--epochs or --steps"));
+  }
+  SECTION("label smoothing") {
+    c.label_smoothing = 1.5;
+    REQUIRE_THROWS_WITH(run(c), Contains("--label-smoothing 1.5"));
+  }
+}
+
+TEST_CASE("trainer: a small CNN reaches 90 percent validation accuracy on shapes", "[trainer][slow]") {
+  TempDir tmp;
+  train::Config c;
+  c.data = "shapes";
+  c.cache_dir = tmp.path();
+  c.arch = "cnn";
+  c.image_size = 32;
+  c.epochs = 10;
+  c.batch = 32;
+  c.lr = 0.02;
+  c.workers = 2;
+  c.seed = 0;
+  c.quiet = true;
+  const auto start = std::chrono::steady_clock::now();
+  const train::Result done = run(c);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  REQUIRE(done.epochs.size() == 10);
+  std::string curve;
+  for (const train::EpochRecord& e : done.epochs) curve += fmt::format(" {:.3f}", e.val_accuracy);
+  WARN("shapes: " << seconds << " s (the issue's target is under 60 s, data generation included); "
+                  << "validation accuracy per epoch:" << curve);
+  CHECK(done.epochs.back().val_accuracy >= 0.90);
+}
