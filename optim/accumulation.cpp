@@ -105,11 +105,12 @@ void Accumulation::on_last_micro_step(std::function<void()> fn) {
 }
 
 MicroBatchChoice choose_micro_batch(int64_t batch, int64_t budget_bytes,
-                                    const std::function<int64_t(int64_t)>& measure) {
+                                    const std::function<int64_t(int64_t)>& measure, int64_t smallest) {
   KILN_CHECK(batch > 0 && budget_bytes > 0, "choose_micro_batch: batch {} and budget {} bytes must be positive",
              batch, budget_bytes);
+  KILN_CHECK(smallest > 0, "choose_micro_batch: smallest {} must be positive", smallest);
   MicroBatchChoice choice;
-  for (int64_t b = 1;; b = std::min(b * 2, batch)) {
+  for (int64_t b = std::min(smallest, batch);; b = std::min(b * 2, batch)) {
     const int64_t peak = measure(b);
     choice.measured.emplace_back(b, peak);
     if (peak > budget_bytes) break;
@@ -117,9 +118,19 @@ MicroBatchChoice choose_micro_batch(int64_t batch, int64_t budget_bytes,
     if (b == batch) break;
   }
   KILN_CHECK(choice.micro_batch > 0,
-             "micro-batch auto: a step of one sample needs {} bytes, more than the memory budget of {} bytes",
+             "micro-batch auto: a step of {} needs {} bytes, more than the memory budget of {} bytes",
+             choice.measured.front().first == 1 ? std::string("one sample")
+                                                : fmt::format("{} samples", choice.measured.front().first),
              choice.measured.front().second, budget_bytes);
   return choice;
+}
+
+std::vector<int64_t> balanced_sizes(int64_t n, int64_t micro_batch) {
+  KILN_CHECK(n > 0 && micro_batch > 0, "balanced_sizes: n {} and micro_batch {} must be positive", n, micro_batch);
+  const int64_t k = (n + micro_batch - 1) / micro_batch;
+  std::vector<int64_t> sizes(static_cast<size_t>(k), n / k);
+  for (int64_t i = 0; i < n % k; ++i) ++sizes[static_cast<size_t>(i)];
+  return sizes;
 }
 
 }  // namespace kiln::optim

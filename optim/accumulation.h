@@ -105,15 +105,20 @@ class Accumulation {
 
 // `--micro-batch auto`: the largest micro-batch whose step fits in budget_bytes. Runs
 // measure(b) (one real forward and backward of b samples, returning the peak bytes it
-// allocated) for b = 1, 2, 4, ... below batch and then batch itself, and stops at the
-// first b that does not fit. Sizes are tried in increasing order and the answer is the
-// last that fit, so a larger budget never gives a smaller micro-batch. Throws kiln::Error
-// when even one sample does not fit.
+// allocated) for b = smallest, 2 * smallest, ... below batch and then batch itself, and
+// stops at the first b that does not fit. Sizes are tried in increasing order and the
+// answer is the last that fit, so a larger budget never gives a smaller micro-batch.
+// Throws kiln::Error when even `smallest` samples do not fit. (Models with batch norm
+// pass smallest = 2: in training mode it needs more than one value per channel.)
 struct MicroBatchChoice {
   int64_t micro_batch = 0;
   std::vector<std::pair<int64_t, int64_t>> measured;  // (micro-batch, peak bytes), in the order tried
 };
 MicroBatchChoice choose_micro_batch(int64_t batch, int64_t budget_bytes,
-                                    const std::function<int64_t(int64_t)>& measure);
+                                    const std::function<int64_t(int64_t)>& measure, int64_t smallest = 1);
+// The sizes of k = ceil(n / micro_batch) micro-batches as even as possible (they differ by
+// at most one), e.g. 9 by 4 -> {3, 3, 3} where sizes() gives {4, 4, 1}: as exact, and no
+// micro-batch of one sample for batch norm to reject when n >= 2 * k.
+std::vector<int64_t> balanced_sizes(int64_t n, int64_t micro_batch);
 
 }  // namespace kiln::optim

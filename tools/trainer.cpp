@@ -199,6 +199,12 @@ std::string json_number(double v) { return std::isfinite(v) ? fmt::format("{}", 
 
 void request_stop() { stop_requested.store(true); }
 
+bool has_batch_norm(nn::Module& model) {
+  bool found = false;
+  model.apply([&](nn::Module& m) { found = found || m.type_name().starts_with("BatchNorm"); });
+  return found;
+}
+
 std::shared_ptr<nn::Module> make_model(const std::string& arch, int64_t classes, int64_t channels,
                                        int64_t image_size) {
   // Each residual block starts as the identity (its last BatchNorm weight is zero), which
@@ -220,7 +226,8 @@ StepStats train_step(nn::Module& model, optim::Optimizer& optimizer, const optim
                      const Tensor& input, const Tensor& target, double label_smoothing) {
   StepStats stats;
   const bool flatten_input = dynamic_cast<models::MLP*>(&model) != nullptr;
-  for (const optim::MicroBatch& micro : accumulation.split(input, target)) {
+  const auto sizes = optim::balanced_sizes(input.size(0), accumulation.options().micro_batch);
+  for (const optim::MicroBatch& micro : accumulation.split(input, target, sizes)) {
     Tensor logits = model(flatten_input ? micro.x.flatten(1) : micro.x);
     Tensor loss = cross_entropy(logits, micro.y, {.label_smoothing = label_smoothing});
     micro.scale(loss).backward();
@@ -282,15 +289,19 @@ Result run(const Config& c, std::ostream& out) {
   const std::vector<int64_t> shape = d.train->sample_shape();
   KILN_CHECK(shape.size() == 3, "kiln-train: samples of {} are not images [C, H, W]", d.train->describe());
   const int64_t classes = d.train->num_classes();
-  data::Loader train_loader(d.train, {.batch_size = c.batch, .shuffle = true, .drop_last = false,
+  manual_seed(c.seed);
+  std::shared_ptr<nn::Module> model = make_model(c.arch, classes, shape[0], shape[1]);
+  // Batch norm in training mode rejects a batch of one sample (one value per channel at
+  // the last stage), so a last batch of one is dropped, as PyTorch users do with drop_last.
+  const bool batch_norm = has_batch_norm(*model);
+  const bool drop_last = batch_norm && d.train->size() % c.batch == 1;
+  data::Loader train_loader(d.train, {.batch_size = c.batch, .shuffle = true, .drop_last = drop_last,
                                       .workers = c.workers, .seed = c.seed});
   std::unique_ptr<data::Loader> val_loader;
   if (d.val)
     val_loader = std::make_unique<data::Loader>(
         d.val, data::LoaderOptions{.batch_size = std::max<int64_t>(c.batch, 64), .workers = c.workers, .seed = c.seed});
 
-  manual_seed(c.seed);
-  std::shared_ptr<nn::Module> model = make_model(c.arch, classes, shape[0], shape[1]);
   std::unique_ptr<optim::Optimizer> optimizer = make_optimizer(c, *model);
   const int64_t per_epoch = train_loader.batches_per_epoch();
   const int64_t total_steps = c.steps > 0 ? c.steps : c.epochs * per_epoch;
@@ -298,6 +309,9 @@ Result run(const Config& c, std::ostream& out) {
   optim::Scheduler scheduler(*optimizer, make_schedule(c, total_steps));
 
   int64_t micro = c.micro_batch > 0 ? c.micro_batch : c.batch;
+  KILN_CHECK(!batch_norm || micro >= 2 || c.micro_batch_auto,
+             "kiln-train: --micro-batch 1: {} has batch norm, which needs at least 2 samples per micro-batch in "
+             "training", c.arch);
   TrainingState state;
   if (c.resume) {
     state = load_checkpoint(c.checkpoint_dir, *model, *optimizer);
@@ -311,7 +325,8 @@ Result run(const Config& c, std::ostream& out) {
   } else if (c.micro_batch_auto) {
     const int64_t budget = c.memory_budget > 0 ? c.memory_budget : default_memory_budget();
     const optim::MicroBatchChoice choice = optim::choose_micro_batch(
-        c.batch, budget, [&](int64_t b) { return measure_step_bytes(*model, shape, classes, b); });
+        c.batch, budget, [&](int64_t b) { return measure_step_bytes(*model, shape, classes, b); },
+        batch_norm ? 2 : 1);
     micro = choice.micro_batch;
     if (!c.quiet) {
       std::string tried;

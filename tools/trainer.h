@@ -99,7 +99,11 @@ void request_stop();
 std::shared_ptr<nn::Module> make_model(const std::string& arch, int64_t classes, int64_t channels,
                                        int64_t image_size);
 
-// One optimizer step on a global batch, cut into micro-batches by `accumulation`: returns
+// Whether the model holds a batch norm layer (which needs 2+ samples per micro-batch).
+bool has_batch_norm(nn::Module& model);
+
+// One optimizer step on a global batch, cut into balanced micro-batches of at most
+// accumulation's micro_batch samples (optim::balanced_sizes): returns
 // the global batch's mean loss and the number of correct top-1 predictions.
 struct StepStats {
   double loss = 0;

@@ -333,3 +333,35 @@ TEST_CASE("choose_micro_batch picks the largest size that fits and grows with th
   CHECK_THROWS_WITH(optim::choose_micro_batch(48, 1200, measure), Catch::Contains("one sample needs 1300 bytes"));
   CHECK_THROWS_AS(optim::choose_micro_batch(0, 1200, measure), kiln::Error);
 }
+
+TEST_CASE("balanced_sizes cuts a batch into near-equal micro-batches", "[accumulation]") {
+  CHECK(optim::balanced_sizes(9, 4) == std::vector<int64_t>{3, 3, 3});
+  CHECK(optim::balanced_sizes(10, 4) == std::vector<int64_t>{4, 3, 3});
+  CHECK(optim::balanced_sizes(8, 8) == std::vector<int64_t>{8});
+  CHECK(optim::balanced_sizes(5, 1) == std::vector<int64_t>(5, 1));
+  for (int64_t n = 1; n <= 40; ++n)
+    for (int64_t b = 1; b <= 12; ++b) {
+      const auto sizes = optim::balanced_sizes(n, b);
+      int64_t total = 0;
+      for (int64_t s : sizes) {
+        CHECK(s <= b);
+        CHECK(s >= sizes.back());
+        CHECK(sizes.front() - s <= 1);
+        total += s;
+      }
+      CHECK(total == n);
+      CHECK(static_cast<int64_t>(sizes.size()) == (n + b - 1) / b);
+    }
+  CHECK_THROWS_AS(optim::balanced_sizes(0, 4), kiln::Error);
+}
+
+TEST_CASE("choose_micro_batch starts at the smallest size given", "[accumulation]") {
+  std::vector<int64_t> tried;
+  auto measure = [&](int64_t b) {
+    tried.push_back(b);
+    return 100 * b;
+  };
+  CHECK(optim::choose_micro_batch(12, 1000, measure, 2).micro_batch == 8);
+  CHECK(tried == std::vector<int64_t>{2, 4, 8, 12});
+  CHECK_THROWS_WITH(optim::choose_micro_batch(12, 150, measure, 2), Catch::Contains("a step of 2 samples needs 200"));
+}
