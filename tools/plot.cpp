@@ -52,6 +52,7 @@ void axes(std::string& svg, const Panel& p, const std::string& title, const std:
     svg += fmt::format(R"(<text x="{}" y="{:.1f}" text-anchor="end" font-size="11">{}</text>)", p.left - 6,
                        p.y(v) + 4, percent ? fmt::format("{:.0f}%", 100 * v) : fmt::format("{:.3g}", v));
     const double xv = p.x_min + (p.x_max - p.x_min) * i / 4;
+    if (xv != std::floor(xv)) continue;  // steps and epochs are whole numbers
     svg += fmt::format(R"(<text x="{:.1f}" y="{}" text-anchor="middle" font-size="11">{:.4g}</text>)", p.x(xv),
                        p.top + h + 16, xv);
   }

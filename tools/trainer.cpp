@@ -339,6 +339,7 @@ Result run(const Config& c, std::ostream& out) {
 
   std::ofstream log;
   if (!c.log_file.empty()) {
+    if (c.log_file.has_parent_path()) fs::create_directories(c.log_file.parent_path());
     log.open(c.log_file, c.resume ? std::ios::app : std::ios::trunc);
     KILN_CHECK(log.good(), "kiln-train: cannot write the log file {}", c.log_file.string());
   }
@@ -450,6 +451,7 @@ Result run(const Config& c, std::ostream& out) {
                         : !c.checkpoint_dir.empty() ? c.checkpoint_dir / "curves.svg"
                                                     : fs::path();
   if (!plot.empty()) {
+    if (plot.has_parent_path()) fs::create_directories(plot.parent_path());
     write_plot(plot, result.step_losses, result.epochs, fmt::format("kiln-train {} on {}", c.arch, c.data));
     if (!c.quiet) out << "plot: " << plot.string() << '\n';
   }
