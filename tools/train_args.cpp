@@ -59,6 +59,7 @@ data and model:
   --train-samples N    train on an evenly spaced subset of N samples  [all]
   --val-samples N      validate on an evenly spaced subset of N samples  [all]
   --workers N          loader threads  [2]
+  --skip-bad-images    skip (and count) unreadable or corrupt images instead of stopping
 optimization:
   --epochs N           passes over the training data  [1]
   --steps N            stop after N optimizer steps in all (overrides --epochs)
@@ -124,7 +125,8 @@ Config parse_args(int argc, const char* const* argv) {
       {"--cache-dir", [&](auto&, auto& v) { c.cache_dir = v; }},
   };
   const std::map<std::string, bool*> flags = {
-      {"--compile", &c.compile}, {"--amp", &c.amp}, {"--channels-last", &c.channels_last}, {"--resume", &c.resume}};
+      {"--compile", &c.compile}, {"--amp", &c.amp}, {"--channels-last", &c.channels_last}, {"--resume", &c.resume},
+      {"--skip-bad-images", &c.skip_bad_images}};
 
   for (int i = 1; i < argc; ++i) {
     std::string option = argv[i], value;

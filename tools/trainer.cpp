@@ -296,11 +296,12 @@ Result run(const Config& c, std::ostream& out) {
   const bool batch_norm = has_batch_norm(*model);
   const bool drop_last = batch_norm && d.train->size() % c.batch == 1;
   data::Loader train_loader(d.train, {.batch_size = c.batch, .shuffle = true, .drop_last = drop_last,
-                                      .workers = c.workers, .seed = c.seed});
+                                      .workers = c.workers, .seed = c.seed, .skip_bad_samples = c.skip_bad_images});
   std::unique_ptr<data::Loader> val_loader;
   if (d.val)
     val_loader = std::make_unique<data::Loader>(
-        d.val, data::LoaderOptions{.batch_size = std::max<int64_t>(c.batch, 64), .workers = c.workers, .seed = c.seed});
+        d.val, data::LoaderOptions{.batch_size = std::max<int64_t>(c.batch, 64), .workers = c.workers, .seed = c.seed,
+                                   .skip_bad_samples = c.skip_bad_images});
 
   std::unique_ptr<optim::Optimizer> optimizer = make_optimizer(c, *model);
   const int64_t per_epoch = train_loader.batches_per_epoch();
@@ -444,8 +445,8 @@ Result run(const Config& c, std::ostream& out) {
           << std::flush;
     if (!c.checkpoint_dir.empty()) save(epoch + 1, 0, c.checkpoint_dir, 0, 0, 0);
   }
-  if (train_loader.skipped() > 0 && !c.quiet)
-    out << fmt::format("skipped {} unreadable samples\n", train_loader.skipped());
+  result.skipped = train_loader.skipped();
+  if (result.skipped > 0 && !c.quiet) out << fmt::format("skipped {} unreadable training images\n", result.skipped);
 
   const fs::path plot = !c.plot_file.empty() ? c.plot_file
                         : !c.checkpoint_dir.empty() ? c.checkpoint_dir / "curves.svg"

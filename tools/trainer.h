@@ -41,6 +41,7 @@ struct Config {
   double label_smoothing = 0.0;
   int64_t image_size = 0;      // 0: the data set's natural size
   int64_t workers = 2;
+  bool skip_bad_images = false;  // skip and count unreadable images instead of stopping
   std::string device = "cpu";
   bool compile = false;
   bool amp = false;
@@ -83,6 +84,7 @@ struct Result {
   int64_t steps = 0;                // optimizer steps done in all
   int64_t micro_batch = 0;          // the micro-batch used
   bool interrupted = false;         // stopped early by Ctrl-C or stop_after_steps
+  int64_t skipped = 0;              // training samples skipped as unreadable (skip_bad_images)
   std::filesystem::path checkpoint;  // the last checkpoint written, if any
 };
 

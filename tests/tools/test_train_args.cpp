@@ -81,6 +81,8 @@ TEST_CASE("train args: values flags and sizes", "[trainer]") {
   CHECK(later.compile);
   CHECK(later.amp);
   CHECK(later.channels_last);
+  CHECK_FALSE(later.skip_bad_images);
+  CHECK(parse({"--skip-bad-images"}).skip_bad_images);
 }
 
 TEST_CASE("train args: micro-batch auto", "[trainer]") {

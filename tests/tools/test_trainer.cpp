@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "data/image.h"
 #include "tools/checkpoint.h"
 #include "tools/trainer.h"
 
@@ -486,4 +487,35 @@ TEST_CASE("trainer: a small CNN reaches 90 percent validation accuracy on shapes
   WARN("shapes: " << seconds << " s (the issue's target is under 60 s, data generation included); "
                   << "validation accuracy per epoch:" << curve);
   CHECK(done.epochs.back().val_accuracy >= 0.90);
+}
+
+TEST_CASE("trainer: a corrupt image stops the run naming it or is skipped and counted", "[trainer]") {
+  TempDir dir;
+  // An image folder of two classes, 6 images each, 16x16, one of them corrupt.
+  for (const char* cls : {"a", "b"}) {
+    fs::create_directories(dir.path() / "train" / cls);
+    for (int i = 0; i < 6; ++i) {
+      data::Image image(16, 16, 3);
+      for (size_t k = 0; k < image.pixels.size(); ++k) image.pixels[k] = static_cast<uint8_t>((k * 7 + i) % 256);
+      data::write_jpeg(dir.path() / "train" / cls / fmt::format("{}.jpg", i), image);
+    }
+  }
+  const fs::path corrupt = dir.path() / "train" / "b" / "3.jpg";
+  {
+    std::ofstream f(corrupt, std::ios::trunc | std::ios::binary);
+    f << "not a jpeg at all";
+  }
+  train::Config c;
+  c.data = dir.path().string();
+  c.arch = "mlp";
+  c.image_size = 16;
+  c.batch = 4;
+  c.epochs = 1;
+  c.workers = 2;
+  c.quiet = true;
+  REQUIRE_THROWS_WITH(run(c), Contains("3.jpg"));
+  c.skip_bad_images = true;
+  const train::Result result = run(c);
+  CHECK(result.skipped == 1);
+  CHECK(result.steps == 3);
 }
