@@ -29,11 +29,17 @@ std::string double_text(double d) {
   return s;
 }
 
+// Line breaks are escaped too, so that a name or string attribute cannot split a line of
+// the text form.
 std::string quoted(const std::string& s) {
   std::string out = "\"";
   for (char ch : s) {
-    if (ch == '"' || ch == '\\') out += '\\';
-    out += ch;
+    if (ch == '\n') out += "\\n";
+    else if (ch == '\r') out += "\\r";
+    else {
+      if (ch == '"' || ch == '\\') out += '\\';
+      out += ch;
+    }
   }
   return out + "\"";
 }
@@ -64,7 +70,7 @@ std::string TensorType::str() const {
   std::string s = fmt::format("{}{}", dtype, shape_str(shape));
   if (layout == Layout::channels_last) s += " nhwc";
   if (wrapped_number) s += " number";
-  if (!device.is_cpu()) s += " " + device.str();
+  if (!device.is_cpu()) s += fmt::format(" {}", device);
   return s;
 }
 
@@ -76,9 +82,9 @@ std::string attr_text(const AttrValue& value) {
         else if constexpr (std::is_same_v<T, int64_t>) return fmt::format("{}", x);
         else if constexpr (std::is_same_v<T, double>) return double_text(x);
         else if constexpr (std::is_same_v<T, Scalar>)
-          return "$" + (x.is_floating() ? double_text(x.to_double())
-                        : x.kind() == DType::boolean ? std::string(x.to_int() ? "true" : "false")
-                                                     : fmt::format("{}", x.to_int()));
+          return fmt::format("${}", x.is_floating()                ? double_text(x.to_double())
+                                    : x.kind() == DType::boolean ? std::string(x.to_int() ? "true" : "false")
+                                                                 : fmt::format("{}", x.to_int()));
         else if constexpr (std::is_same_v<T, std::vector<int64_t>>) return fmt::format("[{}]", fmt::join(x, ","));
         else if constexpr (std::is_same_v<T, DType>) return std::string(name(x));
         else if constexpr (std::is_same_v<T, Device>) return x.str();
@@ -133,7 +139,8 @@ std::vector<Value> Graph::add_op(std::string_view op, std::vector<Value> inputs,
     metas.push_back(v.defined() ? type(v).meta() : TensorMeta{.shape = {}, .defined = false});
     key += fmt::format("{}{}:{}", i ? "," : "", v.node, v.output);
   }
-  key += ")" + attrs_text(attrs);
+  key += ')';
+  key += attrs_text(attrs);
   if (!def.random) {
     if (auto it = interned_.find(key); it != interned_.end()) {
       std::vector<Value> outs;
