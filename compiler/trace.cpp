@@ -1,0 +1,301 @@
+// The tracer (compiler/trace.h): one eager run of a function under the op registry's hook,
+// turning each reported op call into a graph node.
+//
+// Tensors are matched to graph values by the view they read (storage, offset, dtype, shape,
+// strides) rather than by handle: two handles on the same view hold the same content, and
+// autograd saves outputs as detach()ed handles (new TensorImpls over the same memory) that
+// a backward formula must find as the forward value. Storage version counters tell a value
+// that is still current from one overwritten since: every write the trace recorded is
+// accounted for, so any other movement is a write the trace did not see.
+#include "compiler/trace.h"
+
+#include <compare>
+#include <map>
+#include <memory>
+#include <set>
+#include <unordered_map>
+
+#include "core/error.h"
+#include "core/registry.h"
+
+namespace kiln::compiler {
+
+std::vector<Tensor> Trace::inputs_for(const std::vector<Tensor>& args) const {
+  KILN_CHECK(static_cast<int64_t>(args.size()) == num_args,
+             "Trace::inputs_for: the traced function took {} arguments, got {}", num_args,
+             args.size());
+  std::vector<Tensor> inputs = args;
+  inputs.insert(inputs.end(), captured.begin(), captured.end());
+  return inputs;
+}
+
+namespace {
+
+// The memory a tensor reads, independent of which handle reads it.
+struct ViewKey {
+  const StorageImpl* storage = nullptr;
+  int64_t offset = 0;
+  DType dtype = DType::f32;
+  Shape shape;
+  Shape strides;
+  auto operator<=>(const ViewKey&) const = default;
+  static ViewKey of(const Tensor& t) {
+    return {t.storage().get(), t.offset(), t.dtype(), t.shape(), t.strides()};
+  }
+};
+
+// What the trace knows of one view of a storage (whichever handle reads it).
+struct Known {
+  std::weak_ptr<StorageImpl> storage;  // detects a dead storage's address reused
+  Value value;                         // its current graph value
+  uint64_t version = 0;                // its storage's version when `value` was recorded
+  Value input;                         // the graph input whose tensor this is, if any
+};
+
+// What the trace expects of one storage.
+struct StorageState {
+  std::weak_ptr<StorageImpl> storage;
+  uint64_t expected = 0;  // the version at first sight plus the writes the trace recorded
+  std::string what;       // for messages: a graph input's name, or which op made it
+};
+
+class Tracer {
+ public:
+  Tracer(Trace& trace, const TraceOptions& options) : trace_(trace), options_(options) {}
+
+  void add_argument(const Tensor& t, size_t index) {
+    KILN_CHECK(t.defined(), "trace: argument {} is undefined", index);
+    const std::string name = "arg" + std::to_string(index);
+    const Value v = trace_.graph.add_input(name, TensorType::of(t), InputRole::data);
+    if (find(t)) return;  // the same tensor passed twice: later reads use the first input
+    remember(t, v, version_of(t), v);
+    track_storage(t, version_of(t), name);
+  }
+
+  void on_call(const OpCall& call) {
+    if (busy_) return;  // ops the tracer itself might run are not the program's
+    busy_ = true;
+    try {
+      record(call);
+    } catch (...) {
+      busy_ = false;
+      throw;
+    }
+    busy_ = false;
+  }
+
+  // The graph value of a result of the traced function.
+  Value result_value(const Tensor& t, size_t index) {
+    KILN_CHECK(t.defined(), "trace: result {} of the traced function is undefined", index);
+    return value_of(t, "the traced function's results", {});
+  }
+
+  // Every storage the trace saw must have moved only by the writes it recorded.
+  void check_versions() const {
+    for (const StorageImpl* ptr : storage_order_) {
+      auto it = storages_.find(ptr);
+      if (it == storages_.end()) continue;
+      const StorageState& state = it->second;
+      const std::shared_ptr<StorageImpl> storage = state.storage.lock();
+      if (!storage || storage.get() != ptr) continue;
+      KILN_CHECK(storage->version.load() == state.expected,
+                 "trace: {} was modified outside the op registry (an optimizer's fused step?); "
+                 "its version is {}, the traced ops explain {}",
+                 state.what, storage->version.load(), state.expected);
+    }
+  }
+
+ private:
+  // Storages a call wrote (its in-place target, inputs it mutates): kernels may bump their
+  // versions more than once (internal copy_ calls), so what they were before the call is
+  // taken to be what the trace expected.
+  using Written = std::set<const StorageImpl*>;
+
+  static uint64_t version_of(const Tensor& t) { return t.storage()->version.load(); }
+
+  void record(const OpCall& call) {
+    const OpDef& op = call.op;
+    KILN_CHECK(!op.random,
+               "trace: {} is a random op; its seed and offset would be baked into the graph "
+               "(not supported yet)",
+               op.name);
+    refuse_mutation(call);
+    const Tensor* target = call.inplace ? &call.outputs[0] : nullptr;
+    if (target)
+      KILN_CHECK(!target->impl()->view_base,
+                 "trace: in-place {} writes into a view ({}) of another tensor (not supported "
+                 "yet); clone() the view or build the result out of place",
+                 op.name, target->meta_str());
+
+    Written written;
+    if (target) written.insert(target->storage().get());
+    for (int i : op.mutated_inputs)
+      if (call.inputs[static_cast<size_t>(i)].defined())
+        written.insert(call.inputs[static_cast<size_t>(i)].storage().get());
+
+    std::vector<Value> inputs;
+    inputs.reserve(call.inputs.size());
+    for (const Tensor& t : call.inputs) inputs.push_back(value_of(t, op.name, written));
+    // The target's value before the call (captured when the program never read it: copy_).
+    Value target_input;
+    if (target) {
+      (void)value_of(*target, op.name, written);
+      target_input = find(*target)->input;
+    }
+
+    std::vector<Value> outs = trace_.graph.add_op(op.name, std::move(inputs), call.attrs, op.name);
+    KILN_CHECK(outs.size() == call.outputs.size(),
+               "trace: {} made {} outputs but its shape rule says {}", op.name, call.outputs.size(),
+               outs.size());
+    for (const StorageImpl* storage : written) {
+      StorageState& state = storages_.at(storage);
+      if (const std::shared_ptr<StorageImpl> alive = state.storage.lock())
+        state.expected = alive->version.load();
+    }
+
+    if (target) {
+      Value result = outs[0];
+      // The pure op may promote (f32 += f64 tensor); the in-place form casts back.
+      if (trace_.graph.type(result).dtype != target->dtype())
+        result = trace_.graph.add_op1("cast", {result}, {{"dtype", target->dtype()}}, op.name);
+      check_type(result, *target, op.name);
+      remember(*target, result, version_of(*target), target_input);
+      if (target_input.defined()) trace_.graph.add_write_back(target_input, result);
+      return;
+    }
+    // Inputs a mutating op was allowed to receive (batch norm in eval) kept their content.
+    for (int i : op.mutated_inputs) {
+      const Tensor& t = call.inputs[static_cast<size_t>(i)];
+      if (!t.defined()) continue;
+      Known* k = find(t);
+      if (k) remember(t, k->value, version_of(t), k->input);
+    }
+    for (size_t i = 0; i < outs.size(); ++i) {
+      const Tensor& out = call.outputs[i];
+      if (!out.defined()) continue;
+      check_type(outs[i], out, op.name);
+      remember(out, outs[i], version_of(out), {});
+      track_storage(out, version_of(out), "an output of " + op.name);
+    }
+  }
+
+  // Ops that write inputs in place outside an in-place call: refused when they would write
+  // (batch norm writes its running statistics only in training).
+  static void refuse_mutation(const OpCall& call) {
+    const OpDef& op = call.op;
+    bool writes = false;
+    for (int i : op.mutated_inputs) writes |= call.inputs[static_cast<size_t>(i)].defined();
+    if (!writes) return;
+    const bool training = !call.attrs.has("training") || call.attrs.b("training");
+    KILN_CHECK(!training,
+               "trace: {} writes its inputs in place (batch norm's running statistics in "
+               "training) -- not supported yet; trace in eval mode or without running statistics",
+               op.name);
+  }
+
+  // The eager tensor and the graph's type for it must agree (layout aside: the graph's op
+  // values are contiguous, the eager ones may be views).
+  void check_type(Value v, const Tensor& t, const std::string& op) const {
+    const TensorType& type = trace_.graph.type(v);
+    KILN_CHECK(type.dtype == t.dtype() && type.shape == t.shape() && type.device == t.device(),
+               "trace: {} returned {} but its shape rule says {}", op, t.meta_str(), type.str());
+  }
+
+  // The graph value a tensor read by `op` has now: none, a constant, a known value, or a
+  // new captured input.
+  Value value_of(const Tensor& t, const std::string& op, const Written& written) {
+    if (!t.defined()) return {};
+    if (t.is_wrapped_number()) return trace_.graph.add_constant(t.item(), TensorType::of(t));
+    const StorageState* s = storage_state(t);
+    uint64_t version = version_of(t);
+    if (written.contains(t.storage().get())) version = s ? s->expected : version;
+    if (s)
+      KILN_CHECK(s->expected == version,
+                 "trace: {} was modified outside the op registry (an optimizer's fused step?); "
+                 "{} read it at version {}, the traced ops explain {}",
+                 s->what, op, version, s->expected);
+    if (Known* k = find(t)) {
+      KILN_CHECK(k->version == version,
+                 "trace: {} reads a tensor ({}) whose memory was written in place through "
+                 "another view after the trace recorded it (not supported yet); clone() it first",
+                 op, t.meta_str());
+      return k->value;
+    }
+    return capture(t, version);
+  }
+
+  Value capture(const Tensor& t, uint64_t version) {
+    auto named = options_.names.find(t.impl());
+    const std::string name = named != options_.names.end()
+                                 ? named->second
+                                 : "captured" + std::to_string(trace_.captured.size());
+    InputRole role = InputRole::state;
+    if (t.is_leaf() && t.requires_grad())
+      role = InputRole::param;
+    else if (t.dim() == 0 && is_floating(t.dtype()) && t.device().is_cpu())
+      role = InputRole::scalar;
+    const Value v = trace_.graph.add_input(name, TensorType::of(t), role);
+    trace_.captured.push_back(t);
+    remember(t, v, version, v);
+    track_storage(t, version, name);
+    return v;
+  }
+
+  // The known entry for the memory t reads; null when unknown.
+  Known* find(const Tensor& t) {
+    auto it = known_.find(ViewKey::of(t));
+    if (it == known_.end()) return nullptr;
+    if (it->second.storage.lock() == t.storage()) return &it->second;
+    known_.erase(it);  // a dead storage's address, reused
+    return nullptr;
+  }
+
+  void remember(const Tensor& t, Value value, uint64_t version, Value input) {
+    known_[ViewKey::of(t)] = Known{t.storage(), value, version, input};
+  }
+
+  const StorageState* storage_state(const Tensor& t) {
+    auto it = storages_.find(t.storage().get());
+    if (it == storages_.end()) return nullptr;
+    if (it->second.storage.lock() == t.storage()) return &it->second;
+    storages_.erase(it);
+    return nullptr;
+  }
+
+  void track_storage(const Tensor& t, uint64_t version, std::string what) {
+    if (storage_state(t)) return;
+    storages_[t.storage().get()] = StorageState{t.storage(), version, std::move(what)};
+    storage_order_.push_back(t.storage().get());
+  }
+
+  Trace& trace_;
+  const TraceOptions& options_;
+  bool busy_ = false;
+  std::map<ViewKey, Known> known_;
+  std::unordered_map<const StorageImpl*, StorageState> storages_;
+  std::vector<const StorageImpl*> storage_order_;  // first sight order, for stable messages
+};
+
+}  // namespace
+
+Trace trace(const TracedFunction& fn, const std::vector<Tensor>& args,
+            const TraceOptions& options) {
+  Trace result;
+  result.num_args = static_cast<int64_t>(args.size());
+  Tracer tracer(result, options);
+  for (size_t i = 0; i < args.size(); ++i) tracer.add_argument(args[i], i);
+  std::vector<Tensor> returned;
+  {
+    OpHookGuard hook([&tracer](const OpCall& call) { tracer.on_call(call); });
+    returned = fn(args);
+  }
+  tracer.check_versions();
+  std::vector<Value> outputs;
+  for (size_t i = 0; i < returned.size(); ++i)
+    outputs.push_back(tracer.result_value(returned[i], i));
+  result.graph.set_outputs(std::move(outputs));
+  result.results = std::move(returned);
+  return result;
+}
+
+}  // namespace kiln::compiler
