@@ -1,0 +1,65 @@
+#pragma once
+// Graph passes (../../shared/COMPILER.md, "Passes as rules"). Each takes a graph and returns
+// a new, valid one (verify() holds) computing the same outputs and write-backs from the same
+// inputs; given a log, each appends one line per rewrite it made (compiler/passes/rewrite.h).
+//
+//   std::vector<PassRecord> records;
+//   Graph g = run_pipeline(traced, default_simplify_passes(), &records);
+//   std::cout << timing_table(records);
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "compiler/ir/graph.h"
+#include "compiler/passes/rewrite.h"
+
+namespace kiln::compiler {
+
+// Drops the nodes whose values reach neither an output nor a write-back. Graph inputs always
+// stay: they are the calling convention. Logs one line per node dropped.
+Graph dead_code(const Graph& graph, RewriteLog* log = nullptr);
+
+// Evaluates op nodes whose inputs are all constants and whose one output is 0-d (a
+// `full` with shape [] among them) into constants of exactly the node's type, through
+// the eager kernels, so the value is the one the program would have computed. Random ops,
+// `empty` and nodes off the CPU are left alone. The constants it no longer reads stay, for
+// dead_code (so a pipeline's table shows which pass removed what).
+Graph fold_constants(const Graph& graph, RewriteLog* log = nullptr);
+const std::vector<Rule>& fold_rules();
+
+// Algebra and view identities, each applied only where the result has exactly the replaced
+// value's type: x+0, 0+x, x-0, x*1, 1*x, x/1 (a constant exactly 0 or 1 in its dtype),
+// neg(neg(x)), clone(x) (the graph is pure: a copy is the value), view/expand/cast to the
+// same type, identity permutes, permute(permute(x)) and view(view(x)) into one view of x.
+// The nodes it bypassed stay, for dead_code to drop.
+Graph simplify(const Graph& graph, RewriteLog* log = nullptr);
+const std::vector<Rule>& simplify_rules();
+
+using PassFn = std::function<Graph(const Graph&, RewriteLog*)>;
+struct NamedPass {
+  std::string name;
+  PassFn run;
+};
+
+// What one pass of a pipeline did.
+struct PassRecord {
+  std::string name;
+  double ms = 0;
+  int64_t nodes_before = 0, nodes_after = 0;
+  std::vector<std::string> rewrites;
+  std::string graph_after;  // print(graph) after the pass, when the pipeline keeps graphs
+};
+
+// Runs the passes in order, verifying the graph after each (kiln::Error naming the pass when
+// one broke it). With `records`, appends one per pass, timed, with its rewrites and, when
+// keep_graphs, the printed graph after it.
+Graph run_pipeline(const Graph& graph, const std::vector<NamedPass>& passes,
+                   std::vector<PassRecord>* records = nullptr, bool keep_graphs = true);
+
+// {fold_constants, simplify, dead_code}.
+std::vector<NamedPass> default_simplify_passes();
+
+// An aligned table: pass, ms, nodes before -> after, rewrites; then a total line.
+std::string timing_table(const std::vector<PassRecord>& records);
+
+}  // namespace kiln::compiler
