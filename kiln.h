@@ -23,6 +23,7 @@
 #include "core/registry.h"
 #include "core/scalar.h"
 #include "core/tensor.h"
+#include "compiler/compile.h"
 #include "models/functional.h"
 #include "models/init.h"
 #include "models/layers.h"

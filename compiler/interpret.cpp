@@ -89,9 +89,32 @@ std::vector<Tensor> interpret(const Graph& graph, const std::vector<Tensor>& inp
   }
   for (auto& [target, v] : writes) target.copy_(v);
 
+  // A value written back is returned as its input tensor, as the eager in-place op did.
   std::vector<Tensor> outputs;
   outputs.reserve(graph.outputs().size());
-  for (Value v : graph.outputs()) outputs.push_back(value(v));
+  for (Value v : graph.outputs()) {
+    Tensor out = value(v);
+    for (const auto& [input, new_value] : graph.write_backs())
+      if (new_value == v) {
+        out = value(input);
+        break;
+      }
+    outputs.push_back(out);
+  }
+  return outputs;
+}
+
+std::vector<Tensor> Trace::replay(const std::vector<Tensor>& args) const {
+  KILN_CHECK(!broken(), "Trace::replay: the trace stopped at a graph break ({}) and has no graph",
+             break_reason);
+  const std::vector<Tensor> inputs = inputs_for(args);
+  std::vector<Tensor> outputs = interpret(graph, inputs);
+  size_t next = static_cast<size_t>(num_results);
+  for (const GradEffect& effect : grad_effects) {
+    const Tensor& leaf = inputs.at(static_cast<size_t>(effect.input));
+    leaf.set_grad(effect.value.defined() ? outputs.at(next++) : Tensor());
+  }
+  outputs.resize(static_cast<size_t>(num_results));
   return outputs;
 }
 

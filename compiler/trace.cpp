@@ -26,6 +26,10 @@ std::vector<Tensor> Trace::inputs_for(const std::vector<Tensor>& args) const {
              args.size());
   std::vector<Tensor> inputs = args;
   inputs.insert(inputs.end(), captured.begin(), captured.end());
+  // A gradient accumulated in place is whatever its leaf holds now: a later call may run
+  // after set_grad (or a grad effect) gave the leaf another tensor.
+  for (size_t i = 0; i < inputs.size() && i < grad_of.size(); ++i)
+    if (grad_of[i] >= 0) inputs[i] = inputs.at(static_cast<size_t>(grad_of[i])).grad();
   return inputs;
 }
 
@@ -67,21 +71,56 @@ class Tracer {
     KILN_CHECK(t.defined(), "trace: argument {} is undefined", index);
     const std::string name = "arg" + std::to_string(index);
     const Value v = trace_.graph.add_input(name, TensorType::of(t), InputRole::data);
+    note_input(t);
     if (find(t)) return;  // the same tensor passed twice: later reads use the first input
     remember(t, v, version_of(t), v);
     track_storage(t, version_of(t), name);
   }
 
   void on_call(const OpCall& call) {
-    if (busy_) return;  // ops the tracer itself might run are not the program's
+    // Ops the tracer itself might run are not the program's; after a break nothing is.
+    if (busy_ || trace_.broken()) return;
     busy_ = true;
     try {
       record(call);
+    } catch (const Error& e) {
+      busy_ = false;
+      if (!options_.allow_break) throw;
+      stop(call.op.name, e.what());
     } catch (...) {
       busy_ = false;
       throw;
     }
     busy_ = false;
+  }
+
+  // Records a graph break: nothing more is recorded, the function runs on eagerly.
+  void stop(std::string op, std::string reason) {
+    trace_.break_op = std::move(op);
+    trace_.break_reason = reason.empty() ? "refused" : std::move(reason);
+  }
+
+  // Which captured tensors were some leaf's .grad at first sight: read at replay from the
+  // leaf's .grad then. Done at the end, as fn may read a .grad before the leaf itself.
+  void find_gradients() {
+    for (size_t i = 0; i < inputs_.size(); ++i) {
+      auto owner = grad_owner_.find(inputs_[i].impl());
+      if (owner != grad_owner_.end() && owner->second != static_cast<int64_t>(i))
+        trace_.grad_of[i] = owner->second;
+    }
+  }
+
+  // The grad effects: every leaf seen whose .grad is now another tensor than at first sight.
+  void record_grad_effects() {
+    const size_t seen = inputs_.size();  // a new gradient may be captured below
+    for (size_t i = 0; i < seen; ++i) {
+      if (!trace_.grad_defined[i].has_value()) continue;
+      const Tensor after = inputs_[i].grad();
+      if (after.impl() == grad_before_[i].impl()) continue;
+      const std::string what = "the .grad of " + trace_.graph.node(trace_.graph.inputs()[i]).name;
+      trace_.grad_effects.push_back(
+          GradEffect{static_cast<int64_t>(i), after.defined() ? value_of(after, what, {}) : Value{}});
+    }
   }
 
   // The graph value of a result of the traced function.
@@ -236,9 +275,23 @@ class Tracer {
       role = InputRole::scalar;
     const Value v = trace_.graph.add_input(name, TensorType::of(t), role);
     trace_.captured.push_back(t);
+    note_input(t);
     remember(t, v, version, v);
     track_storage(t, version, name);
     return v;
+  }
+
+  // What the trace needs of each graph input's gradient: whether a leaf's .grad was defined
+  // at first sight (and which tensor it was), and whether the input is another's .grad.
+  void note_input(const Tensor& t) {
+    const int64_t index = static_cast<int64_t>(inputs_.size());
+    trace_.grad_of.push_back(-1);  // set by find_gradients() once every leaf has been seen
+    inputs_.push_back(t);
+    const bool leaf_with_grad = t.requires_grad() && t.is_leaf();
+    const Tensor grad = leaf_with_grad ? t.grad() : Tensor();
+    trace_.grad_defined.push_back(leaf_with_grad ? std::optional<bool>(grad.defined()) : std::nullopt);
+    grad_before_.push_back(grad);
+    if (grad.defined()) grad_owner_.emplace(grad.impl(), index);
   }
 
   // The known entry for the memory t reads; null when unknown.
@@ -274,6 +327,9 @@ class Tracer {
   std::map<ViewKey, Known> known_;
   std::unordered_map<const StorageImpl*, StorageState> storages_;
   std::vector<const StorageImpl*> storage_order_;  // first sight order, for stable messages
+  std::vector<Tensor> inputs_;       // the tensor behind each graph input
+  std::vector<Tensor> grad_before_;  // per graph input: its .grad at first sight
+  std::unordered_map<const TensorImpl*, int64_t> grad_owner_;  // a .grad -> its leaf's input
 };
 
 }  // namespace
@@ -289,11 +345,25 @@ Trace trace(const TracedFunction& fn, const std::vector<Tensor>& args,
     OpHookGuard hook([&tracer](const OpCall& call) { tracer.on_call(call); });
     returned = fn(args);
   }
-  tracer.check_versions();
-  std::vector<Value> outputs;
-  for (size_t i = 0; i < returned.size(); ++i)
-    outputs.push_back(tracer.result_value(returned[i], i));
-  result.graph.set_outputs(std::move(outputs));
+  result.num_results = static_cast<int64_t>(returned.size());
+  try {
+    if (result.broken()) {
+      result.results = std::move(returned);
+      return result;
+    }
+    tracer.check_versions();
+    std::vector<Value> outputs;
+    for (size_t i = 0; i < returned.size(); ++i)
+      outputs.push_back(tracer.result_value(returned[i], i));
+    tracer.record_grad_effects();
+    tracer.find_gradients();
+    for (const GradEffect& effect : result.grad_effects)
+      if (effect.value.defined()) outputs.push_back(effect.value);
+    result.graph.set_outputs(std::move(outputs));
+  } catch (const Error& e) {
+    if (!options.allow_break) throw;
+    tracer.stop("", e.what());
+  }
   result.results = std::move(returned);
   return result;
 }

@@ -15,15 +15,23 @@
 //   written in the program (wrapped 0-d tensors) become constants;
 // - an in-place op (add_, copy_, ...) is recorded as the pure op, and when its target is a
 //   graph input, as a write-back to it;
-// - fn's results are the graph's outputs.
+// - fn's results are the graph's outputs;
+// - a `.grad` that fn changed (backward() assigning a new gradient to a leaf: AccumulateGrad's
+//   clone when .grad was undefined) is a "grad effect": its new value is an extra graph
+//   output after fn's results, applied by set_grad at replay (Trace::replay). A gradient
+//   added into in place (.grad defined before) is a captured state input with a write-back,
+//   and is read at replay from the leaf's current .grad (Trace::grad_of).
 //
 // Refused with a kiln::Error naming the op, for now: random ops (their seed and offset would
 // be baked in), ops that mutate inputs in place other than through an in-place call (batch
 // norm's running statistics in training), in-place writes into a view, and tensors
 // modified outside the registry while tracing (a version counter moved with no op seen:
-// an optimizer's fused step, say).
+// an optimizer's fused step, say). With TraceOptions::allow_break a refusal is not thrown:
+// the trace stops recording, fn runs on eagerly to its end, and the Trace reports the
+// break (Trace::broken()) with no usable graph.
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,6 +45,15 @@ using TracedFunction = std::function<std::vector<Tensor>(const std::vector<Tenso
 struct TraceOptions {
   // Names for captured tensors, by identity: model.named_parameters(), optimizer state...
   std::map<const TensorImpl*, std::string> names;
+  // A refusal ends recording instead of throwing (fn still runs once, fully, eagerly).
+  bool allow_break = false;
+};
+
+// A leaf's .grad that the traced function replaced: graph input `input` (an argument or a
+// captured tensor) gets the value `value` as its new .grad; `value` none means cleared.
+struct GradEffect {
+  int64_t input = 0;
+  Value value;
 };
 
 struct Trace {
@@ -44,9 +61,30 @@ struct Trace {
   int64_t num_args = 0;           // the first graph inputs are fn's arguments
   std::vector<Tensor> captured;   // the tensors behind the other graph inputs, in order
   std::vector<Tensor> results;    // what fn returned during the trace (eager values)
+  int64_t num_results = 0;        // graph outputs: fn's results, then one per grad effect
 
-  // The tensors to pass to interpret(): args, then the captured tensors.
+  // Per graph input: for a leaf that requires grad, whether its .grad was defined when the
+  // trace first saw it (the graph depends on it: AccumulateGrad clones or adds); nullopt
+  // for other tensors.
+  std::vector<std::optional<bool>> grad_defined;
+  // Per graph input: the index of the graph input whose .grad this tensor was when
+  // captured (a gradient accumulated in place), -1 otherwise.
+  std::vector<int64_t> grad_of;
+  std::vector<GradEffect> grad_effects;
+
+  // Set when recording stopped at a refusal (TraceOptions::allow_break): the op that was
+  // refused ("" for a write seen only at the end) and the refusal's message. The graph is
+  // then incomplete and must not be run.
+  std::string break_op;
+  std::string break_reason;
+  bool broken() const { return !break_reason.empty(); }
+
+  // The tensors to pass to interpret(): args, then the captured tensors, where a captured
+  // gradient is read from its leaf's current .grad (grad_of).
   std::vector<Tensor> inputs_for(const std::vector<Tensor>& args) const;
+  // Runs the graph on new arguments as fn would: interpret(), then the grad effects
+  // (set_grad). Returns fn's results only.
+  std::vector<Tensor> replay(const std::vector<Tensor>& args) const;
 };
 
 // Runs fn(args) once, eagerly, recording it. The results returned are the eager ones.
@@ -55,7 +93,8 @@ Trace trace(const TracedFunction& fn, const std::vector<Tensor>& args, const Tra
 // Runs a graph on real tensors through the eager ops, without recording autograd: the
 // reference the compiled runtime is tested against. `inputs` are the tensors of the graph
 // inputs in order (types must match: kiln::Error naming the input otherwise). Write-backs
-// are copied into their input tensors in place; returns the outputs.
+// are copied into their input tensors in place; returns the outputs (an output that is the
+// new content of an input is that input tensor, as the in-place op returned it eagerly).
 std::vector<Tensor> interpret(const Graph& graph, const std::vector<Tensor>& inputs);
 
 }  // namespace kiln::compiler

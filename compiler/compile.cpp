@@ -1,0 +1,355 @@
+// kiln::compile (compiler/compile.h): guards, the cache of traced graphs, replay through
+// the reference interpreter, graph breaks, dumps and explain().
+#include "compiler/compile.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <optional>
+#include <unordered_map>
+#include <utility>
+
+#include "core/error.h"
+#include "core/grad_mode.h"
+
+namespace kiln::compiler {
+
+namespace {
+
+// Strides classes the generated code will be specialised on.
+enum class StridesClass : uint8_t { contiguous, channels_last, other };
+
+const char* strides_class_name(StridesClass c) {
+  switch (c) {
+    case StridesClass::contiguous: return "contiguous";
+    case StridesClass::channels_last: return "channels-last";
+    case StridesClass::other: return "non-contiguous";
+  }
+  return "?";
+}
+
+// What a call's guards check of one tensor.
+struct TensorGuard {
+  bool defined = false;
+  DType dtype = DType::f32;
+  Shape shape;
+  Device device;
+  StridesClass strides = StridesClass::contiguous;
+  bool requires_grad = false;
+  std::optional<bool> grad_defined;  // for leaves that require grad
+
+  static TensorGuard of(const Tensor& t) {
+    TensorGuard g;
+    if (!t.defined()) return g;
+    g.defined = true;
+    g.dtype = t.dtype();
+    g.shape = t.shape();
+    g.device = t.device();
+    g.strides = t.is_contiguous() ? StridesClass::contiguous
+                : TensorType::of(t).layout == Layout::channels_last ? StridesClass::channels_last
+                                                                    : StridesClass::other;
+    g.requires_grad = t.requires_grad();
+    if (t.requires_grad() && t.is_leaf()) g.grad_defined = t.grad().defined();
+    return g;
+  }
+  bool operator==(const TensorGuard&) const = default;
+};
+
+std::string grad_state(std::optional<bool> defined) {
+  if (!defined) return "not a leaf that requires grad";
+  return *defined ? "defined" : "undefined";
+}
+
+// The first difference between two guards of the tensor `name`, as a phrase.
+std::string describe_change(const std::string& name, const TensorGuard& was, const TensorGuard& now) {
+  if (was.defined != now.defined)
+    return fmt::format("{} changed from {} to {}", name, was.defined ? "defined" : "undefined",
+                       now.defined ? "defined" : "undefined");
+  if (was.dtype != now.dtype)
+    return fmt::format("{}'s dtype changed from {} to {}", name, was.dtype, now.dtype);
+  if (was.shape != now.shape)
+    return fmt::format("{}'s shape changed from {} to {}", name, shape_str(was.shape),
+                       shape_str(now.shape));
+  if (was.device != now.device)
+    return fmt::format("{}'s device changed from {} to {}", name, was.device, now.device);
+  if (was.strides != now.strides)
+    return fmt::format("{}'s layout changed from {} to {}", name, strides_class_name(was.strides),
+                       strides_class_name(now.strides));
+  if (was.requires_grad != now.requires_grad)
+    return fmt::format("{}'s requires_grad changed from {} to {}", name, was.requires_grad,
+                       now.requires_grad);
+  return fmt::format("{}'s .grad changed from {} to {}", name, grad_state(was.grad_defined),
+                     grad_state(now.grad_defined));
+}
+
+// The guards that do not depend on what the trace captured.
+struct Signature {
+  bool grad_mode = true;
+  std::vector<TensorGuard> args;
+
+  static Signature of(const std::vector<Tensor>& args) {
+    Signature s;
+    s.grad_mode = GradMode::is_enabled();
+    s.args.reserve(args.size());
+    for (const Tensor& a : args) s.args.push_back(TensorGuard::of(a));
+    return s;
+  }
+  bool operator==(const Signature&) const = default;
+};
+
+// Per tensor: the index of the first earlier tensor over the same storage, -1 if none. The
+// tracer matches tensors by the memory they read, so the graph assumes this pattern.
+std::vector<int64_t> alias_pattern(const std::vector<Tensor>& tensors) {
+  std::vector<int64_t> pattern(tensors.size(), -1);
+  std::unordered_map<const StorageImpl*, int64_t> first;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (!tensors[i].defined()) continue;
+    auto [it, inserted] = first.emplace(tensors[i].storage().get(), static_cast<int64_t>(i));
+    if (!inserted) pattern[i] = it->second;
+  }
+  return pattern;
+}
+
+std::string input_name(const Trace& t, size_t input) {
+  return t.graph.node(t.graph.inputs().at(input)).name;
+}
+
+// One cached entry: a graph with its guards, or a graph break that runs fn eagerly.
+struct Entry {
+  Signature signature;
+  Trace trace;
+  std::vector<TensorGuard> captured;  // guards of the captured tensors
+  std::vector<int64_t> aliases;       // alias_pattern over the graph inputs' tensors
+  bool eager() const { return trace.broken(); }
+
+  // Empty when the captured tensors pass the guards, else what changed.
+  std::string captured_change(const std::vector<Tensor>& args) const {
+    if (eager()) return {};
+    const std::vector<Tensor> inputs = trace.inputs_for(args);
+    const size_t num_args = args.size();
+    for (size_t j = 0; j < captured.size(); ++j) {
+      const TensorGuard now = TensorGuard::of(inputs[num_args + j]);
+      if (!(now == captured[j])) return describe_change(input_name(trace, num_args + j), captured[j], now);
+    }
+    if (alias_pattern(inputs) != aliases) return "which inputs share memory changed";
+    return {};
+  }
+};
+
+std::string signature_change(const Signature& was, const Signature& now) {
+  if (was.grad_mode != now.grad_mode)
+    return fmt::format("grad mode changed from {} to {}", was.grad_mode ? "enabled" : "disabled",
+                       now.grad_mode ? "enabled" : "disabled");
+  if (was.args.size() != now.args.size())
+    return fmt::format("the number of arguments changed from {} to {}", was.args.size(),
+                       now.args.size());
+  for (size_t i = 0; i < was.args.size(); ++i)
+    if (!(was.args[i] == now.args[i]))
+      return describe_change("arg" + std::to_string(i), was.args[i], now.args[i]);
+  return {};
+}
+
+// How many guarded properties differ (a different argument count: more than any other).
+size_t differences(const Signature& was, const Signature& now) {
+  if (was.args.size() != now.args.size()) return 7 * (1 + std::max(was.args.size(), now.args.size()));
+  size_t n = was.grad_mode != now.grad_mode;
+  for (size_t i = 0; i < was.args.size(); ++i) {
+    const TensorGuard &a = was.args[i], &b = now.args[i];
+    n += (a.defined != b.defined) + (a.dtype != b.dtype) + (a.shape != b.shape) +
+         (a.device != b.device) + (a.strides != b.strides) + (a.requires_grad != b.requires_grad) +
+         (a.grad_defined != b.grad_defined);
+  }
+  return n;
+}
+
+std::atomic<int64_t> dumped_graphs{0};  // numbers the dump files of this process
+
+void dump_trace(const std::filesystem::path& dir, const Graph& graph) {
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  KILN_CHECK(!error, "kiln::compile: cannot create the dump folder {}: {}", dir.string(),
+             error.message());
+  const std::filesystem::path file = dir / fmt::format("{:03}-trace.ir", dumped_graphs++);
+  std::ofstream out(file);
+  out << print(graph);
+  KILN_CHECK(out.good(), "kiln::compile: cannot write the dump file {}", file.string());
+}
+
+const char* role_name(InputRole role) {
+  switch (role) {
+    case InputRole::data: return "input";
+    case InputRole::param: return "param";
+    case InputRole::state: return "state";
+    case InputRole::scalar: return "scalar";
+  }
+  return "?";
+}
+
+// "1 result", "2 results".
+std::string count(size_t n, const char* noun) {
+  return fmt::format("{} {}{}", n, noun, n == 1 ? "" : "s");
+}
+
+std::string value_text(const Graph& graph, Value v) {
+  return fmt::format("%{} {}", graph.value_number(v), graph.type(v).str());
+}
+
+void check_mode(const CompileOptions& options) {
+  KILN_CHECK(options.mode == "default",
+             "kiln::compile: mode \"{}\" is not available yet (only \"default\")", options.mode);
+}
+
+TraceOptions trace_options(const CompileOptions& options, bool allow_break) {
+  TraceOptions t = options.trace;
+  t.allow_break = allow_break;
+  return t;
+}
+
+}  // namespace
+
+struct CompiledFunction::State {
+  TracedFunction fn;
+  CompileOptions options;
+  std::vector<Entry> entries;
+  int64_t calls = 0;
+  int64_t recompiles = 0;
+  std::string last_reason;
+  std::string warning;
+};
+
+CompiledFunction compile(TracedFunction fn, CompileOptions options) {
+  KILN_CHECK(fn != nullptr, "kiln::compile: the function is empty");
+  check_mode(options);
+  if (options.dump_dir.empty())
+    if (const char* env = std::getenv("KILN_DUMP"); env && *env) options.dump_dir = env;
+  CompiledFunction compiled;
+  compiled.state_ = std::make_shared<CompiledFunction::State>();
+  compiled.state_->fn = std::move(fn);
+  compiled.state_->options = std::move(options);
+  return compiled;
+}
+
+std::vector<Tensor> CompiledFunction::operator()(const std::vector<Tensor>& args) {
+  KILN_CHECK(state_, "kiln::CompiledFunction: not made by kiln::compile");
+  State& s = *state_;
+  ++s.calls;
+  const Signature signature = Signature::of(args);
+  for (const Entry& entry : s.entries) {
+    if (!(entry.signature == signature) || !entry.captured_change(args).empty()) continue;
+    return entry.eager() ? s.fn(args) : entry.trace.replay(args);
+  }
+
+  // A miss: what changed since the closest entry (fewest differing guards, the newest on
+  // a tie), for the recompile warning.
+  std::string reason;
+  if (!s.entries.empty()) {
+    const Entry* closest = nullptr;
+    size_t fewest = 0;
+    for (const Entry& entry : s.entries) {
+      const size_t n = differences(entry.signature, signature);
+      if (!closest || n <= fewest) closest = &entry, fewest = n;
+    }
+    reason = signature_change(closest->signature, signature);
+    if (reason.empty()) reason = closest->captured_change(args);
+  }
+  Entry entry;
+  entry.signature = signature;
+  entry.trace = trace(s.fn, args, trace_options(s.options, !s.options.fullgraph));
+  const Trace& t = entry.trace;
+  if (!t.broken()) {
+    const std::vector<Tensor> inputs = t.inputs_for(args);
+    for (size_t j = 0; j < t.captured.size(); ++j) {
+      TensorGuard g = TensorGuard::of(inputs[args.size() + j]);
+      // The graph was made for the gradients as the trace first saw them.
+      g.grad_defined = t.grad_defined.at(args.size() + j);
+      entry.captured.push_back(std::move(g));
+    }
+    entry.aliases = alias_pattern(inputs);
+    if (!s.options.dump_dir.empty()) dump_trace(s.options.dump_dir, t.graph);
+  }
+  std::vector<Tensor> results = t.results;
+  const bool first = s.entries.empty();
+  s.entries.push_back(std::move(entry));
+  if (!first) {
+    ++s.recompiles;
+    s.last_reason = reason;
+    if (s.recompiles > s.options.recompile_limit && s.warning.empty()) {
+      s.warning = fmt::format("kiln::compile: recompiled {} times; last because {}",
+                              s.recompiles, reason);
+      std::cerr << s.warning << '\n';
+    }
+  }
+  return results;
+}
+
+int64_t CompiledFunction::recompiles() const { return state_ ? state_->recompiles : 0; }
+int64_t CompiledFunction::cache_size() const {
+  return state_ ? static_cast<int64_t>(state_->entries.size()) : 0;
+}
+int64_t CompiledFunction::calls() const { return state_ ? state_->calls : 0; }
+int64_t CompiledFunction::graph_breaks() const {
+  int64_t n = 0;
+  if (state_)
+    for (const Entry& e : state_->entries) n += e.eager();
+  return n;
+}
+std::string CompiledFunction::last_recompile_reason() const {
+  return state_ ? state_->last_reason : std::string();
+}
+std::string CompiledFunction::warning() const { return state_ ? state_->warning : std::string(); }
+std::vector<const Trace*> CompiledFunction::traces() const {
+  std::vector<const Trace*> out;
+  if (state_)
+    for (const Entry& e : state_->entries) out.push_back(&e.trace);
+  return out;
+}
+
+std::string explain(TracedFunction fn, const std::vector<Tensor>& args, CompileOptions options) {
+  KILN_CHECK(fn != nullptr, "kiln::explain: the function is empty");
+  check_mode(options);
+  const Trace t = trace(fn, args, trace_options(options, true));
+  std::string out;
+  if (t.broken()) {
+    out += "kiln::explain: 0 graphs, 1 graph break\n";
+    out += fmt::format("graph break at {}: {}\n",
+                       t.break_op.empty() ? "a write outside the op registry" : t.break_op,
+                       t.break_reason);
+    out += "the function runs eagerly for these guards\n";
+    return out;
+  }
+  const Graph& g = t.graph;
+  int64_t ops = 0, constants = 0;
+  for (const Node& n : g.nodes()) {
+    ops += n.kind == NodeKind::op;
+    constants += n.kind == NodeKind::constant;
+  }
+  out += "kiln::explain: 1 graph, 0 graph breaks\n";
+  out += fmt::format("nodes: {} ({}, {}, {})\n", g.nodes().size(), count(g.inputs().size(), "input"),
+                     count(static_cast<size_t>(constants), "constant"), count(static_cast<size_t>(ops), "op"));
+  out += fmt::format("inputs: {}\n", g.inputs().size());
+  for (InputRole role : {InputRole::data, InputRole::param, InputRole::state, InputRole::scalar})
+    for (Value v : g.inputs())
+      if (g.node(v).role == role)
+        out += fmt::format("  {} \"{}\" {}\n", role_name(role), g.node(v).name, g.type(v).str());
+  out += fmt::format("outputs: {} ({}, {})\n", g.outputs().size(),
+                     count(static_cast<size_t>(t.num_results), "result"),
+                     count(g.outputs().size() - static_cast<size_t>(t.num_results), "grad effect"));
+  for (int64_t i = 0; i < t.num_results; ++i)
+    out += fmt::format("  result {}: {}\n", i, value_text(g, g.outputs().at(static_cast<size_t>(i))));
+  out += fmt::format("write-backs: {}\n", g.write_backs().size());
+  for (const auto& [input, value] : g.write_backs())
+    out += fmt::format("  \"{}\" <- {}\n", g.node(input).name, value_text(g, value));
+  out += fmt::format("grad effects: {}\n", t.grad_effects.size());
+  for (const GradEffect& e : t.grad_effects)
+    out += fmt::format("  \"{}\".grad <- {}\n", input_name(t, static_cast<size_t>(e.input)),
+                       e.value.defined() ? value_text(g, e.value) : std::string("none"));
+  out += "graph:\n";
+  out += print(g);
+  return out;
+}
+
+}  // namespace kiln::compiler

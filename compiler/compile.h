@@ -1,0 +1,112 @@
+#pragma once
+// kiln::compile: the user-facing entry point of the compiler (../shared/COMPILER.md).
+//
+//   auto step = kiln::compile([&](const std::vector<Tensor>& a) -> std::vector<Tensor> {
+//     Tensor loss = mse_loss(model(a[0]), a[1]);
+//     loss.backward();
+//     return {loss};
+//   });
+//   for (...) { model.zero_grad(); Tensor loss = step({x, y})[0]; opt.step(); }
+//
+// The first call traces fn (compiler::trace: one eager run recorded into a graph); later
+// calls whose guards hold replay the cached graph (for now with the reference interpreter;
+// the generated code replaces it later) without running fn. Guards: each argument's dtype,
+// shape, device, strides class (contiguous, channels-last, other) and requires_grad, and
+// whether a leaf argument's .grad is defined; grad mode; for every captured tensor its
+// dtype, shape, device and strides class and, for a leaf that requires grad, whether its
+// .grad is defined; which arguments and captured tensors share memory. A call whose guards
+// fail traces again; its graph is cached beside the others.
+//
+// What the graph reads at each call:
+// - the arguments, and the captured tensors (parameters, optimizer state, 0-d
+//   hyperparameters such as an lr tensor) through the handles the trace saw: changing their
+//   VALUES in place (copy_, fill_, an optimizer's update) never recompiles. Rebinding a
+//   variable that fn captured to a new tensor is not seen (the cache keeps the old one),
+//   nor is a tensor that fn makes outside the op registry (from host data); numbers fn
+//   reads on the host (item(), a C++ double) are baked into the graph;
+// - a gradient accumulated in place: the leaf's current .grad.
+// Side effects replayed: write-backs into arguments and captured tensors (in-place ops),
+// and grad effects (backward() assigning a leaf's .grad: set_grad to the new gradient).
+// Results of replayed calls carry no autograd history; the traced (first) call returns
+// fn's eager results.
+//
+// Graph breaks: the tracer refuses some programs (random ops such as dropout in training,
+// batch norm updating running statistics, in-place writes into views, writes outside the
+// op registry such as an optimizer's fused step). With `fullgraph` the refusal is thrown
+// as a kiln::Error naming the op, from the middle of fn: the ops before the refused one
+// (and the refused one itself) already ran eagerly. Without it, tracing just stops
+// recording at the refusal and fn runs on, eagerly, to its end -- so the call that found
+// the break ran fn exactly once, as eager code would -- and that cache entry runs fn
+// eagerly from then on, without tracing again.
+//
+// A leaf's .grad guard is taken as the trace first saw the leaf: a function that clears
+// .grad itself (zero_grad(set_to_none) inside fn) after the first call recompiles on every
+// call; clear gradients outside the compiled function.
+//
+// Not thread-safe: call one CompiledFunction from one thread at a time.
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "compiler/trace.h"
+
+namespace kiln::compiler {
+
+struct CompileOptions {
+  // Throw the tracer's refusal instead of falling back to eager code.
+  bool fullgraph = false;
+  // Only "default" for now; any other mode is a kiln::Error ("not available yet").
+  std::string mode = "default";
+  // Where each new graph's trace is written as NNN-trace.ir (numbered per process);
+  // empty: $KILN_DUMP when set, else no dumps.
+  std::filesystem::path dump_dir;
+  // Past this many recompiles a warning naming what changed is printed once to stderr.
+  int64_t recompile_limit = 8;
+  // Names for captured tensors (model.named_parameters(), ...), used in graphs and messages.
+  TraceOptions trace;
+};
+
+class CompiledFunction {
+ public:
+  // Runs fn: replays a cached graph whose guards hold, else traces (or runs eagerly for an
+  // entry that found a graph break).
+  std::vector<Tensor> operator()(const std::vector<Tensor>& args);
+
+  int64_t recompiles() const;  // traces after the first
+  int64_t cache_size() const;  // cached entries, graph breaks included
+  int64_t calls() const;
+  int64_t graph_breaks() const;  // cached entries that run eagerly
+  // The reason of the last recompile ("arg0's shape changed from [8,3] to [9,3]"); "" if none.
+  std::string last_recompile_reason() const;
+  // The recompile-limit warning once printed; "" before the limit was passed.
+  std::string warning() const;
+  // The graphs of the cached entries, in cache order (broken entries hold an empty graph).
+  std::vector<const Trace*> traces() const;
+
+ private:
+  friend CompiledFunction compile(TracedFunction fn, CompileOptions options);
+  struct State;
+  std::shared_ptr<State> state_;  // copies share one cache
+};
+
+// Wraps fn; nothing is traced before the first call. kiln::Error for an unknown mode.
+CompiledFunction compile(TracedFunction fn, CompileOptions options = {});
+
+// Traces fn(args) once (running it eagerly once: its side effects happen) and reports what
+// compile would make of it: graphs and graph breaks (with the refused op and why), node
+// counts, inputs by role, outputs, write-backs, grad effects and the printed graph.
+// A break is reported, not thrown, even with options.fullgraph.
+std::string explain(TracedFunction fn, const std::vector<Tensor>& args, CompileOptions options = {});
+
+}  // namespace kiln::compiler
+
+namespace kiln {
+using compiler::CompiledFunction;
+using compiler::CompileOptions;
+using compiler::compile;
+using compiler::explain;
+using compiler::TracedFunction;
+using compiler::TraceOptions;
+}  // namespace kiln
