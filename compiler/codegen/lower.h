@@ -1,0 +1,28 @@
+#pragma once
+// Lowering of fusion groups of the graph IR to the kernel IR (kernel_ir.h).
+#include <cstdint>
+#include <vector>
+
+#include "compiler/codegen/kernel_ir.h"
+#include "compiler/ir/graph.h"
+
+namespace kiln::compiler::codegen {
+
+// One kernel computing a group of elementwise op nodes (indices into g.nodes()) over one
+// iteration space: the shape of the group's values used outside it (by other nodes, the
+// graph's outputs or write-backs), which become the kernel's outputs, in node order; they
+// must all have that shape. Other values stay in registers. Operands from outside the group
+// are input buffers: a graph input or another node's value, seen through the view nodes
+// (permute, expand, view, slice, ...) between it and the group, whose strides and offset
+// become arguments; constants are inlined. Ops broadcast as NumPy does (no index term).
+// Ops other than the elementwise ones (and view nodes inside the group) are refused with a
+// kiln::Error naming the op.
+Kernel lower_pointwise(const Graph& g, const std::vector<int32_t>& nodes);
+
+// One kernel for a reduction node (sum, mean, amax, amin) over a pointwise prologue: `nodes`
+// holds the reduction, last in graph order, and elementwise nodes feeding it whose values
+// are used only inside the group. The reduced dims become the inner loops; sums of floating
+// values accumulate in f64 (as the eager kernels do), of integers and bools in i64.
+Kernel lower_reduction(const Graph& g, const std::vector<int32_t>& nodes);
+
+}  // namespace kiln::compiler::codegen

@@ -1,0 +1,27 @@
+#pragma once
+// Running a compiled kernel on tensors: binds the buffers and computes the arguments.
+#include <span>
+#include <vector>
+
+#include "compiler/codegen/jit.h"
+#include "compiler/codegen/kernel_ir.h"
+#include "core/tensor.h"
+
+namespace kiln::compiler::codegen {
+
+// The buffers and arguments of one call of `kernel`. `inputs` are the tensors of its input
+// buffers in order (the values before their views; the views are applied here), `outputs`
+// those of its output buffers; any strides. Each input's buffer is its storage at the
+// tensor's own offset, and the views' offsets and strides become arguments. Shapes and
+// dtypes are checked against the kernel (kiln::Error naming the buffer).
+struct KernelCall {
+  std::vector<void*> buffers;
+  std::vector<int64_t> args;
+};
+KernelCall kernel_call(const Kernel& kernel, std::span<const Tensor> inputs, std::span<const Tensor> outputs);
+
+// Runs `compiled` (the rendering of `kernel`) on the tensors: kernel_call, then the call.
+void run_kernel(const CompiledKernel& compiled, const Kernel& kernel, std::span<const Tensor> inputs,
+                std::span<const Tensor> outputs);
+
+}  // namespace kiln::compiler::codegen
