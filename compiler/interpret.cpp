@@ -108,7 +108,7 @@ std::vector<Tensor> Trace::replay(const std::vector<Tensor>& args) const {
   KILN_CHECK(!broken(), "Trace::replay: the trace stopped at a graph break ({}) and has no graph",
              break_reason);
   const std::vector<Tensor> inputs = inputs_for(args);
-  std::vector<Tensor> outputs = interpret(graph, inputs);
+  std::vector<Tensor> outputs = runner ? runner(inputs) : interpret(graph, inputs);
   size_t next = static_cast<size_t>(num_results);
   for (const GradEffect& effect : grad_effects) {
     const Tensor& leaf = inputs.at(static_cast<size_t>(effect.input));

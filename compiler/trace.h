@@ -82,8 +82,14 @@ struct Trace {
   // The tensors to pass to interpret(): args, then the captured tensors, where a captured
   // gradient is read from its leaf's current .grad (grad_of).
   std::vector<Tensor> inputs_for(const std::vector<Tensor>& args) const;
-  // Runs the graph on new arguments as fn would: interpret(), then the grad effects
-  // (set_grad). Returns fn's results only.
+  // What runs the graph at replay: given inputs_for(args), returns the graph's outputs.
+  // Unset: interpret(graph, inputs). The compiler installs its generated program here
+  // (compiled from `graph` or from an equivalent optimized graph with the same inputs and
+  // outputs).
+  std::function<std::vector<Tensor>(const std::vector<Tensor>&)> runner;
+
+  // Runs the graph on new arguments as fn would: the runner (or interpret()), then the grad
+  // effects (set_grad). Returns fn's results only.
   std::vector<Tensor> replay(const std::vector<Tensor>& args) const;
 };
 
