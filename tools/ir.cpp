@@ -1,12 +1,23 @@
-// kiln-ir: dumps of kiln's compiler stages. Until the compiler lands it lists the op
-// registry: `kiln-ir --ops`.
+// kiln-ir: dumps of kiln's compiler stages for a zoo model's step, and the op registry.
+//
+//   kiln-ir resnet18 --train --batch 2 --image-size 32 --stage simplified
+//   kiln-ir mlp --train --diff trace simplified
+//   kiln-ir --ops
+#include <algorithm>
 #include <cstring>
+#include <fstream>
 #include <iostream>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <kiln.h>
+
+#include "compiler/passes/passes.h"
+#include "tools/trainer.h"
 
 using namespace kiln;
 
@@ -37,8 +48,165 @@ int list_ops() {
   return 0;
 }
 
+struct ModelOptions {
+  std::string arch;
+  bool train = false;
+  int64_t batch = 2, image_size = 32, classes = 10, channels = 3;
+  std::string stage = "simplified";
+  std::string dot_file;
+  std::string diff_a, diff_b;
+};
+
+// The stages kiln-ir can print, in pipeline order.
+const std::vector<std::string> kStages = {"trace", "simplified"};
+
+struct Stages {
+  std::vector<std::pair<std::string, std::string>> texts;  // (stage, text)
+  compiler::Graph simplified;
+  std::vector<compiler::PassRecord> passes;
+
+  const std::string& text(const std::string& stage) const {
+    for (const auto& [name, text] : texts)
+      if (name == stage) return text;
+    fail("kiln-ir: no stage '{}' (stages: {})", stage, fmt::join(kStages, ", "));
+  }
+};
+
+// Traces one step of the model (a training step: forward, cross entropy, backward; or an
+// inference forward) and runs the pipeline, keeping each stage's text.
+Stages build_stages(const ModelOptions& o) {
+  manual_seed(0);
+  std::shared_ptr<nn::Module> model = train::make_model(o.arch, o.classes, o.channels, o.image_size);
+  model->train(o.train);
+  compiler::TraceOptions names;
+  for (const auto& [name, p] : model->named_parameters()) names.names[p.impl()] = name;
+  for (const auto& [name, b] : model->named_buffers()) names.names[b.impl()] = name;
+  const bool flatten = o.arch == "mlp";
+  Tensor x = randn({o.batch, o.channels, o.image_size, o.image_size});
+  Tensor y = randint(0, o.classes, {o.batch});
+  auto step = [&](const std::vector<Tensor>& a) -> std::vector<Tensor> {
+    Tensor input = flatten ? a[0].flatten(1) : a[0];
+    if (!o.train) {
+      NoGradGuard no_grad;
+      return {(*model)(input)};
+    }
+    Tensor loss = cross_entropy((*model)(input), a[1]);
+    loss.backward();
+    return {loss};
+  };
+  const compiler::Trace t = compiler::trace(step, {x, y}, names);
+  Stages s;
+  s.texts.emplace_back("trace", compiler::print(t.graph));
+  s.simplified = compiler::run_pipeline(t.graph, compiler::default_simplify_passes(), &s.passes);
+  s.texts.emplace_back("simplified", compiler::print(s.simplified));
+  return s;
+}
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+// A line diff ("-" only in a, "+" only in b, " " both) by longest common subsequence.
+std::string diff(const std::string& a_text, const std::string& b_text) {
+  const std::vector<std::string> a = lines_of(a_text), b = lines_of(b_text);
+  const size_t n = a.size(), m = b.size();
+  std::vector<std::vector<int32_t>> lcs(n + 1, std::vector<int32_t>(m + 1, 0));
+  for (size_t i = n; i-- > 0;)
+    for (size_t j = m; j-- > 0;)
+      lcs[i][j] = a[i] == b[j] ? lcs[i + 1][j + 1] + 1 : std::max(lcs[i + 1][j], lcs[i][j + 1]);
+  std::string out;
+  size_t i = 0, j = 0;
+  while (i < n || j < m) {
+    if (i < n && j < m && a[i] == b[j]) {
+      out += "  " + a[i++] + "\n";
+      ++j;
+    } else if (j < m && (i == n || lcs[i][j + 1] >= lcs[i + 1][j])) {
+      out += "+ " + b[j++] + "\n";
+    } else {
+      out += "- " + a[i++] + "\n";
+    }
+  }
+  return out;
+}
+
+// Graphviz: one box per op node, inputs as ellipses, edges along data flow.
+std::string dot_of(const compiler::Graph& g) {
+  std::string out = "digraph kiln {\n  rankdir=TB;\n  node [fontname=\"monospace\", fontsize=10];\n";
+  for (size_t n = 0; n < g.nodes().size(); ++n) {
+    const compiler::Node& node = g.nodes()[n];
+    const compiler::Value v{static_cast<int32_t>(n), 0};
+    const std::string label = node.kind == compiler::NodeKind::input
+                                  ? fmt::format("%{} {}\\n{}", g.value_number(v), node.name, node.outputs[0].str())
+                                  : fmt::format("%{} {}\\n{}", g.value_number(v), node.op, node.outputs[0].str());
+    out += fmt::format("  n{} [label=\"{}\", shape={}];\n", n, label,
+                       node.kind == compiler::NodeKind::op ? "box" : "ellipse");
+    for (const compiler::Value in : node.inputs)
+      if (in.defined()) out += fmt::format("  n{} -> n{};\n", in.node, n);
+  }
+  return out + "}\n";
+}
+
+int model_stages(const ModelOptions& o) {
+  const Stages s = build_stages(o);
+  if (!o.diff_a.empty()) {
+    std::cout << diff(s.text(o.diff_a), s.text(o.diff_b));
+    return 0;
+  }
+  std::cout << s.text(o.stage);
+  if (o.stage == "simplified") std::cout << "\n" << compiler::timing_table(s.passes);
+  if (!o.dot_file.empty()) {
+    std::ofstream f(o.dot_file);
+    f << dot_of(s.simplified);
+    KILN_CHECK(f.good(), "kiln-ir: cannot write {}", o.dot_file);
+  }
+  return 0;
+}
+
+ModelOptions parse_model_options(int argc, char** argv) {
+  ModelOptions o;
+  o.arch = argv[1];
+  for (int i = 2; i < argc; ++i) {
+    const std::string option = argv[i];
+    auto value = [&]() -> std::string {
+      KILN_CHECK(i + 1 < argc, "kiln-ir: {} needs a value", option);
+      return argv[++i];
+    };
+    auto number = [&] {
+      const std::string v = value();
+      try {
+        return static_cast<int64_t>(std::stoll(v));
+      } catch (const std::exception&) {
+        fail("kiln-ir: {} {}: expected an integer", option, v);
+      }
+    };
+    if (option == "--train") o.train = true;
+    else if (option == "--batch") o.batch = number();
+    else if (option == "--image-size") o.image_size = number();
+    else if (option == "--classes") o.classes = number();
+    else if (option == "--channels") o.channels = number();
+    else if (option == "--stage") o.stage = value();
+    else if (option == "--dot") o.dot_file = value();
+    else if (option == "--diff") {
+      o.diff_a = value();
+      o.diff_b = value();
+    } else fail("kiln-ir: unknown option {}", option);
+  }
+  return o;
+}
+
 void usage(std::ostream& os) {
-  os << "usage: kiln-ir --ops\n"
+  os << "usage: kiln-ir MODEL [--train] [--batch N] [--image-size N] [--classes N] [--channels N]\n"
+        "               [--stage STAGE] [--dot FILE] [--diff STAGE_A STAGE_B]\n"
+        "       kiln-ir --ops\n"
+        "  MODEL   resnet18|resnet34|resnet50|resnet101|resnet152|mlp|cnn: traces one step\n"
+        "          (--train: forward, cross entropy and backward; else an inference forward)\n"
+        "  STAGE   trace (as recorded) | simplified (after folding, algebra, dead code; with\n"
+        "          the pass timing table)\n"
+        "  --dot   writes the simplified graph for Graphviz\n"
+        "  --diff  a line diff of two stages\n"
         "  --ops   list every registered op: kind, devices with a kernel, backward formula\n"
         "(the IR stages of a compiled model arrive with the compiler)\n";
 }
@@ -50,6 +218,14 @@ int main(int argc, char** argv) {
   if (argc == 2 && (std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0)) {
     usage(std::cout);
     return 0;
+  }
+  if (argc >= 2 && argv[1][0] != '-') {
+    try {
+      return model_stages(parse_model_options(argc, argv));
+    } catch (const Error& e) {
+      std::cerr << "kiln-ir: " << e.what() << "\n";
+      return 1;
+    }
   }
   usage(std::cerr);
   return 2;
