@@ -1,5 +1,5 @@
 // kiln::compile (compiler/compile.h): guards, the cache of traced graphs, replay through
-// the reference interpreter, graph breaks, dumps and explain().
+// the generated program (or the reference interpreter), graph breaks, dumps and explain().
 #include "compiler/compile.h"
 
 #include <fmt/format.h>
@@ -13,6 +13,8 @@
 #include <unordered_map>
 #include <utility>
 
+#include "compiler/passes/passes.h"
+#include "compiler/program.h"
 #include "core/error.h"
 #include "core/grad_mode.h"
 
@@ -168,15 +170,63 @@ size_t differences(const Signature& was, const Signature& now) {
 
 std::atomic<int64_t> dumped_graphs{0};  // numbers the dump files of this process
 
-void dump_trace(const std::filesystem::path& dir, const Graph& graph) {
+// Writes one dump file `dir`/NNN-`stage`.
+void dump_file(const std::filesystem::path& dir, int64_t number, const std::string& stage, const std::string& text) {
   std::error_code error;
   std::filesystem::create_directories(dir, error);
   KILN_CHECK(!error, "kiln::compile: cannot create the dump folder {}: {}", dir.string(),
              error.message());
-  const std::filesystem::path file = dir / fmt::format("{:03}-trace.ir", dumped_graphs++);
+  const std::filesystem::path file = dir / fmt::format("{:03}-{}", number, stage);
   std::ofstream out(file);
-  out << print(graph);
+  out << text;
   KILN_CHECK(out.good(), "kiln::compile: cannot write the dump file {}", file.string());
+}
+
+// Per output: whether the program must return a copy. simplify drops clone(x) (in a pure
+// graph the copy is the value), so an output the traced program made fresh (an op's result,
+// a gradient's clone) may come out of the optimized graph as a view or an input; the caller
+// must still get a tensor of its own, contiguous as the eager clone was.
+std::vector<bool> outputs_to_copy(const Graph& traced, const Graph& optimized) {
+  std::vector<bool> copy(traced.outputs().size(), false);
+  for (size_t i = 0; i < copy.size(); ++i) {
+    const Value was = traced.outputs()[i], now = optimized.outputs().at(i);
+    bool written_back = false;
+    for (const auto& wb : traced.write_backs()) written_back |= wb.second == was;
+    const Node& before = traced.node(was);
+    const Node& after = optimized.node(now);
+    const bool fresh_before = before.kind == NodeKind::op && before.def->kind == OpKind::compute;
+    const bool fresh_after = after.kind == NodeKind::op && after.def->kind == OpKind::compute;
+    copy[i] = !written_back && fresh_before && !fresh_after;
+  }
+  return copy;
+}
+
+// Installs the backend's runner in `t` (the interpreter needs none) and writes the dumps of
+// each stage when `dump_dir` is set.
+void install_backend(Trace& t, const CompileOptions& options) {
+  const bool dump = !options.dump_dir.empty();
+  const int64_t number = dump ? dumped_graphs++ : 0;
+  if (dump) dump_file(options.dump_dir, number, "trace.ir", print(t.graph));
+  if (options.backend == "interpreter") return;
+  std::vector<PassRecord> records;
+  Graph optimized = run_pipeline(t.graph, default_simplify_passes(), &records, false);
+  if (dump) {
+    dump_file(options.dump_dir, number, "simplified.ir", print(optimized));
+    dump_file(options.dump_dir, number, "passes.txt", timing_table(records));
+  }
+  const std::vector<bool> copy = outputs_to_copy(t.graph, optimized);
+  auto program = std::make_shared<const Program>(std::move(optimized));
+  if (dump) {
+    dump_file(options.dump_dir, number, "fused.txt", program->describe());
+    dump_file(options.dump_dir, number, "kernels.txt", program->kernels_text());
+    dump_file(options.dump_dir, number, "source.cpp", program->sources_text());
+  }
+  t.runner = [program, copy](const std::vector<Tensor>& inputs) {
+    std::vector<Tensor> outputs = program->run(inputs);
+    for (size_t i = 0; i < outputs.size(); ++i)
+      if (copy[i] && outputs[i].defined()) outputs[i] = outputs[i].clone();
+    return outputs;
+  };
 }
 
 const char* role_name(InputRole role) {
@@ -201,6 +251,8 @@ std::string value_text(const Graph& graph, Value v) {
 void check_mode(const CompileOptions& options) {
   KILN_CHECK(options.mode == "default",
              "kiln::compile: mode \"{}\" is not available yet (only \"default\")", options.mode);
+  KILN_CHECK(options.backend == "generated" || options.backend == "interpreter",
+             "kiln::compile: unknown backend \"{}\" (\"generated\" or \"interpreter\")", options.backend);
 }
 
 TraceOptions trace_options(const CompileOptions& options, bool allow_break) {
@@ -259,7 +311,7 @@ std::vector<Tensor> CompiledFunction::operator()(const std::vector<Tensor>& args
   Entry entry;
   entry.signature = signature;
   entry.trace = trace(s.fn, args, trace_options(s.options, !s.options.fullgraph));
-  const Trace& t = entry.trace;
+  Trace& t = entry.trace;
   if (!t.broken()) {
     const std::vector<Tensor> inputs = t.inputs_for(args);
     for (size_t j = 0; j < t.captured.size(); ++j) {
@@ -269,7 +321,7 @@ std::vector<Tensor> CompiledFunction::operator()(const std::vector<Tensor>& args
       entry.captured.push_back(std::move(g));
     }
     entry.aliases = alias_pattern(inputs);
-    if (!s.options.dump_dir.empty()) dump_trace(s.options.dump_dir, t.graph);
+    install_backend(t, s.options);
   }
   std::vector<Tensor> results = t.results;
   const bool first = s.entries.empty();

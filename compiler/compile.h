@@ -8,9 +8,11 @@
 //   });
 //   for (...) { model.zero_grad(); Tensor loss = step({x, y})[0]; opt.step(); }
 //
-// The first call traces fn (compiler::trace: one eager run recorded into a graph); later
-// calls whose guards hold replay the cached graph (for now with the reference interpreter;
-// the generated code replaces it later) without running fn. Guards: each argument's dtype,
+// The first call traces fn (compiler::trace: one eager run recorded into a graph), simplifies
+// the graph (compiler/passes/passes.h), fuses it and compiles its kernels
+// (compiler/program.h); later calls whose guards hold run that program (or, with
+// backend "interpreter", the traced graph through the reference interpreter) without
+// running fn. Guards: each argument's dtype,
 // shape, device, strides class (contiguous, channels-last, other) and requires_grad, and
 // whether a leaf argument's .grad is defined; grad mode; for every captured tensor its
 // dtype, shape, device and strides class and, for a leaf that requires grad, whether its
@@ -59,8 +61,14 @@ struct CompileOptions {
   bool fullgraph = false;
   // Only "default" for now; any other mode is a kiln::Error ("not available yet").
   std::string mode = "default";
-  // Where each new graph's trace is written as NNN-trace.ir (numbered per process);
-  // empty: $KILN_DUMP when set, else no dumps.
+  // What runs a replay: "generated" (the compiled program) or "interpreter" (the traced
+  // graph through compiler::interpret: the reference, for tests and debugging). Any other
+  // name is a kiln::Error.
+  std::string backend = "generated";
+  // Where each new graph's stages are written, numbered per process: NNN-trace.ir; with the
+  // generated backend also NNN-simplified.ir, NNN-passes.txt (the passes' timing table),
+  // NNN-fused.txt (the program's steps), NNN-kernels.txt (each kernel's IR) and
+  // NNN-source.cpp (the generated C++). Empty: $KILN_DUMP when set, else no dumps.
   std::filesystem::path dump_dir;
   // Past this many recompiles a warning naming what changed is printed once to stderr.
   int64_t recompile_limit = 8;

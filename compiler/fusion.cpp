@@ -1,0 +1,175 @@
+// fuse() (compiler/fusion.h): contiguous runs of pointwise nodes, a reduction with its
+// private prologue, and eager and view steps between them.
+#include "compiler/fusion.h"
+
+#include <algorithm>
+#include <optional>
+#include <set>
+#include <string_view>
+
+#include "compiler/codegen/lower.h"
+#include "core/error.h"
+
+namespace kiln::compiler {
+
+namespace {
+
+bool is_reduction_op(std::string_view op) {
+  return op == "sum" || op == "mean" || op == "amax" || op == "amin";
+}
+
+class Fuser {
+ public:
+  explicit Fuser(const Graph& g) : g_(g), users_(g.nodes().size()), escapes_(g.nodes().size(), false) {
+    for (size_t n = 0; n < g.nodes().size(); ++n)
+      for (const Value& v : g.nodes()[n].inputs)
+        if (v.defined()) users_[static_cast<size_t>(v.node)].push_back(static_cast<int32_t>(n));
+    for (const Value& v : g.outputs()) escapes_[static_cast<size_t>(v.node)] = true;
+    for (const auto& wb : g.write_backs()) escapes_[static_cast<size_t>(wb.second.node)] = true;
+  }
+
+  std::vector<FusionGroup> run() {
+    for (size_t i = 0; i < g_.nodes().size(); ++i) {
+      const auto n = static_cast<int32_t>(i);
+      const Node& node = g_.nodes()[i];
+      if (node.kind != NodeKind::op) continue;
+      if (node.def->kind == OpKind::view) {
+        if (!node.inputs.empty() && node.inputs[0].defined() && in_run_.contains(node.inputs[0].node)) flush();
+        push({n}, FusionGroup::view);
+        continue;
+      }
+      if (!on_cpu(node)) {  // the only target with generated code so far
+        flush();
+        push({n}, FusionGroup::eager);
+        continue;
+      }
+      if (is_reduction_op(node.op)) {
+        reduction(n);
+        continue;
+      }
+      if (!run_.empty() && node.outputs.size() == 1 && node.outputs[0].shape == run_shape_) {
+        std::vector<int32_t> candidate = run_;
+        candidate.push_back(n);
+        if (auto k = pointwise_kernel(candidate)) {
+          run_ = std::move(candidate);
+          in_run_.insert(n);
+          run_kernel_ = std::move(*k);
+          continue;
+        }
+      }
+      flush();
+      if (auto k = pointwise_kernel({n})) {
+        run_ = {n};
+        in_run_ = {n};
+        run_shape_ = node.outputs[0].shape;
+        run_kernel_ = std::move(*k);
+        continue;
+      }
+      push({n}, FusionGroup::eager);
+    }
+    flush();
+    return std::move(schedule_);
+  }
+
+ private:
+  static bool on_cpu(const Node& node) {
+    return std::all_of(node.outputs.begin(), node.outputs.end(),
+                       [](const TensorType& t) { return !t.defined || t.device.is_cpu(); });
+  }
+
+  std::optional<codegen::Kernel> pointwise_kernel(const std::vector<int32_t>& nodes) const {
+    try {
+      return codegen::lower_pointwise(g_, nodes);
+    } catch (const Error&) {
+      return std::nullopt;
+    }
+  }
+
+  std::optional<codegen::Kernel> reduction_kernel(const std::vector<int32_t>& nodes) const {
+    try {
+      return codegen::lower_reduction(g_, nodes);
+    } catch (const Error&) {
+      return std::nullopt;
+    }
+  }
+
+  void push(std::vector<int32_t> nodes, FusionGroup::Kind kind, codegen::Kernel kernel = {}) {
+    schedule_.push_back({std::move(nodes), kind, std::move(kernel)});
+  }
+
+  // Ends the current run: its kernel becomes a step.
+  void flush() {
+    if (run_.empty()) return;
+    push(std::move(run_), FusionGroup::pointwise, std::move(run_kernel_));
+    run_.clear();
+    in_run_.clear();
+    run_kernel_ = {};
+  }
+
+  // Reduction node r: fused with the run nodes only it reads (the run's other nodes stay a
+  // pointwise kernel before it) when lower_reduction accepts that; else alone.
+  void reduction(int32_t r) {
+    const Node& red = g_.nodes()[static_cast<size_t>(r)];
+    if (!run_.empty() && !red.inputs.empty() && in_run_.contains(red.inputs[0].node)) {
+      // Backwards through the run: a node is private when it escapes nowhere and all its
+      // users are private nodes or r (later nodes are decided first).
+      std::set<int32_t> prologue;
+      for (size_t i = run_.size(); i-- > 0;) {
+        const int32_t m = run_[i];
+        const std::vector<int32_t>& users = users_[static_cast<size_t>(m)];
+        const bool private_node =
+            !escapes_[static_cast<size_t>(m)] && !users.empty() &&
+            std::all_of(users.begin(), users.end(), [&](int32_t u) { return u == r || prologue.contains(u); });
+        if (private_node) prologue.insert(m);
+      }
+      if (!prologue.empty()) {
+        std::vector<int32_t> rest, fused(prologue.begin(), prologue.end());
+        for (int32_t m : run_)
+          if (!prologue.contains(m)) rest.push_back(m);
+        fused.push_back(r);
+        std::optional<codegen::Kernel> before;
+        if (!rest.empty()) before = pointwise_kernel(rest);
+        if (rest.empty() || before) {
+          if (auto k = reduction_kernel(fused)) {
+            if (before) push(std::move(rest), FusionGroup::pointwise, std::move(*before));
+            push(std::move(fused), FusionGroup::reduction, std::move(*k));
+            run_.clear();
+            in_run_.clear();
+            run_kernel_ = {};
+            return;
+          }
+        }
+      }
+    }
+    flush();
+    if (auto k = reduction_kernel({r}))
+      push({r}, FusionGroup::reduction, std::move(*k));
+    else
+      push({r}, FusionGroup::eager);
+  }
+
+  const Graph& g_;
+  std::vector<std::vector<int32_t>> users_;  // per node: the nodes reading its values
+  std::vector<bool> escapes_;                // per node: a graph output or write-back
+  std::vector<FusionGroup> schedule_;
+  std::vector<int32_t> run_;  // the current pointwise run
+  std::set<int32_t> in_run_;
+  Shape run_shape_;
+  codegen::Kernel run_kernel_;
+};
+
+}  // namespace
+
+const char* kind_name(FusionGroup::Kind kind) {
+  switch (kind) {
+    case FusionGroup::pointwise: return "pointwise";
+    case FusionGroup::reduction: return "reduction";
+    case FusionGroup::eager: return "eager";
+    case FusionGroup::view: return "view";
+  }
+  return "?";
+}
+
+std::vector<FusionGroup> fuse(const Graph& graph) { return Fuser(graph).run(); }
+
+}  // namespace kiln::compiler

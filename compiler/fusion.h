@@ -1,0 +1,49 @@
+#pragma once
+// Fusion: which nodes of a graph run together as one generated kernel
+// (../shared/COMPILER.md, "Fusion").
+//
+// fuse() returns a schedule: every op node of the graph in exactly one group, the groups in
+// node (topological) order. Each group is a contiguous run of the graph's op nodes (view
+// nodes aside, see below), so running the groups in order never reads a value before it is
+// computed and no cycle can arise. The kinds:
+// - pointwise: op nodes of one output shape that lower_pointwise accepts, as one kernel
+//   (several outputs when several of their values are used outside the run);
+// - reduction: a reduction that lower_reduction accepts, with the pointwise nodes of the
+//   run before it whose values only it reads (its private prologue), as one kernel;
+// - eager: one node run through the registry (call_op): matmul, convolution, pooling,
+//   norms, losses and their backward ops, factories, and any op or dtype codegen refuses;
+// - view: one view node run through call_op (cheap: no copy). A kernel never needs these
+//   (it reads through the views of its inputs itself); they serve eager consumers, outputs
+//   and write-backs.
+// A view of a value produced outside the current pointwise run does not break the run (its
+// step comes before the run's kernel); a view of a value the run produces ends the run,
+// since a kernel cannot read its own result through a view.
+//
+// Membership is decided by asking the lowering itself: a node joins the run when
+// lower_pointwise accepts the run with it, so fusion never forms a group codegen refuses.
+// The groups' kernels are kept (already lowered).
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "compiler/codegen/kernel_ir.h"
+#include "compiler/ir/graph.h"
+
+namespace kiln::compiler {
+
+struct FusionGroup {
+  enum Kind : uint8_t { pointwise, reduction, eager, view };
+  std::vector<int32_t> nodes;  // op nodes, in node order
+  Kind kind = eager;
+  codegen::Kernel kernel;  // pointwise and reduction groups: the lowered kernel
+
+  bool is_kernel() const { return kind == pointwise || kind == reduction; }
+};
+
+// "pointwise", "reduction", "eager", "view".
+const char* kind_name(FusionGroup::Kind kind);
+
+// The schedule described above.
+std::vector<FusionGroup> fuse(const Graph& graph);
+
+}  // namespace kiln::compiler

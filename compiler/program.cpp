@@ -1,0 +1,193 @@
+// Program (compiler/program.h): the schedule of fused kernels, eager ops and views, run
+// as interpret() runs a graph.
+#include "compiler/program.h"
+
+#include <fmt/format.h>
+
+#include <cstddef>
+#include <unordered_map>
+#include <utility>
+
+#include "compiler/codegen/cpp.h"
+#include "compiler/codegen/run.h"
+#include "core/error.h"
+#include "core/grad_mode.h"
+#include "core/registry.h"
+
+namespace kiln::compiler {
+
+namespace {
+
+// A 0-d tensor holding a constant node's value, typed exactly as the node says.
+Tensor constant_tensor(const Node& node) {
+  const TensorType& type = node.outputs.at(0);
+  Tensor t = scalar_tensor(node.attrs.scalar("value"), type.dtype, type.device);
+  t.impl()->wrapped_number = type.wrapped_number;
+  return t;
+}
+
+void check_input(const Graph& graph, Value v, const Tensor& t) {
+  const Node& node = graph.node(v);
+  const TensorType& type = graph.type(v);
+  KILN_CHECK(t.defined() && t.dtype() == type.dtype && t.shape() == type.shape && t.device() == type.device,
+             "Program::run: input %{} \"{}\" expects {}, got {}", graph.value_number(v), node.name, type.str(),
+             t.defined() ? t.meta_str() : "an undefined tensor");
+}
+
+}  // namespace
+
+Program::Program(Graph graph, int jobs) : graph_(std::move(graph)) {
+  steps_ = fuse(graph_);
+  kernel_of_.assign(steps_.size(), -1);
+  std::vector<std::pair<std::string, std::string>> sources;
+  for (size_t s = 0; s < steps_.size(); ++s) {
+    if (!steps_[s].is_kernel()) continue;
+    kernel_of_[s] = static_cast<int32_t>(kernels_.size());
+    KernelStep k;
+    k.step = static_cast<int32_t>(s);
+    k.source = codegen::render_cpp(steps_[s].kernel);
+    sources.emplace_back(k.source, codegen::cpp_symbol(steps_[s].kernel));
+    kernels_.push_back(std::move(k));
+  }
+  const std::vector<codegen::CompiledKernel> compiled = codegen::compile_cpp_batch(sources, jobs);
+  for (size_t k = 0; k < kernels_.size(); ++k) kernels_[k].compiled = compiled[k];
+}
+
+std::vector<Tensor> Program::run(const std::vector<Tensor>& inputs) const {
+  const Graph& g = graph_;
+  KILN_CHECK(inputs.size() == g.inputs().size(), "Program::run: the graph has {} inputs, got {} tensors",
+             g.inputs().size(), inputs.size());
+  const std::vector<Node>& nodes = g.nodes();
+  std::vector<std::vector<Tensor>> values(nodes.size());
+  for (size_t i = 0; i < g.inputs().size(); ++i) {
+    check_input(g, g.inputs()[i], inputs[i]);
+    values[static_cast<size_t>(g.inputs()[i].node)] = {inputs[i]};
+  }
+  for (size_t n = 0; n < nodes.size(); ++n) {
+    if (nodes[n].kind == NodeKind::constant) values[n] = {constant_tensor(nodes[n])};
+    KILN_CHECK(nodes[n].kind != NodeKind::input || !values[n].empty(),
+               "Program::run: node {} is an input missing from the graph's inputs", n);
+  }
+  auto value = [&](Value v) -> Tensor {
+    if (!v.defined()) return {};
+    return values.at(static_cast<size_t>(v.node)).at(static_cast<size_t>(v.output));
+  };
+
+  NoGradGuard no_grad;
+  for (size_t s = 0; s < steps_.size(); ++s) {
+    const FusionGroup& step = steps_[s];
+    if (!step.is_kernel()) {
+      const int32_t n = step.nodes.at(0);
+      const Node& node = nodes[static_cast<size_t>(n)];
+      std::vector<Tensor> args;
+      args.reserve(node.inputs.size());
+      for (Value v : node.inputs) args.push_back(value(v));
+      const OpDef& def = node.def ? *node.def : find_op(node.op);
+      std::vector<Tensor>& out = values[static_cast<size_t>(n)];
+      out = call_op(def, std::move(args), node.attrs);
+      KILN_CHECK(out.size() == node.outputs.size(), "Program::run: {} made {} outputs, the graph says {}",
+                 node.op, out.size(), node.outputs.size());
+      continue;
+    }
+    const codegen::Kernel& kernel = step.kernel;
+    std::vector<Tensor> kernel_inputs, kernel_outputs;
+    for (int32_t b : kernel.input_buffers()) {
+      const codegen::Buffer& buffer = kernel.buffers[static_cast<size_t>(b)];
+      kernel_inputs.push_back(value({buffer.node, buffer.output_index}));  // the base: run_kernel views it
+    }
+    for (int32_t b : kernel.output_buffers()) {
+      const codegen::Buffer& buffer = kernel.buffers[static_cast<size_t>(b)];
+      const TensorType& type = nodes[static_cast<size_t>(buffer.node)].outputs.at(static_cast<size_t>(buffer.output_index));
+      Tensor out = make_tensor(type.shape, type.dtype, type.device);
+      out.impl()->wrapped_number = type.wrapped_number;
+      values[static_cast<size_t>(buffer.node)] = {out};
+      kernel_outputs.push_back(std::move(out));
+    }
+    const KernelStep& k = kernels_[static_cast<size_t>(kernel_of_[s])];
+    codegen::run_kernel(k.compiled, kernel, kernel_inputs, kernel_outputs);
+  }
+
+  // As interpret(): every write-back reads the values as they were before any is written,
+  // so a value over an input's memory (a view of it) is copied out first.
+  std::vector<std::pair<Tensor, Tensor>> writes;
+  for (const auto& [input, new_value] : g.write_backs()) {
+    Tensor v = value(new_value);
+    for (const Tensor& in : inputs)
+      if (in.storage() == v.storage()) {
+        v = v.clone();
+        break;
+      }
+    writes.emplace_back(value(input), v);
+  }
+  for (auto& [target, v] : writes) target.copy_(v);
+
+  std::vector<Tensor> outputs;
+  outputs.reserve(g.outputs().size());
+  for (Value v : g.outputs()) {
+    Tensor out = value(v);
+    for (const auto& [input, new_value] : g.write_backs())
+      if (new_value == v) {
+        out = value(input);
+        break;
+      }
+    outputs.push_back(out);
+  }
+  return outputs;
+}
+
+std::string Program::kernel_name(int64_t k) const {
+  const KernelStep& step = kernels_.at(static_cast<size_t>(k));
+  return fmt::format("k{}_{}", k, steps_[static_cast<size_t>(step.step)].kernel.name);
+}
+
+std::string Program::kernel_ir(int64_t k) const {
+  const KernelStep& step = kernels_.at(static_cast<size_t>(k));
+  return codegen::print(steps_[static_cast<size_t>(step.step)].kernel);
+}
+
+const std::string& Program::kernel_source(int64_t k) const { return kernels_.at(static_cast<size_t>(k)).source; }
+
+std::string Program::kernels_text() const {
+  std::string out;
+  for (int64_t k = 0; k < num_kernels(); ++k) out += fmt::format("# {}\n{}\n", kernel_name(k), kernel_ir(k));
+  return out;
+}
+
+std::string Program::sources_text() const {
+  std::string out;
+  for (int64_t k = 0; k < num_kernels(); ++k)
+    out += fmt::format("// ===== {} =====\n{}\n", kernel_name(k), kernel_source(k));
+  return out;
+}
+
+std::string Program::describe() const {
+  const Graph& g = graph_;
+  int64_t ops = 0, eager = 0, views = 0;
+  for (const Node& n : g.nodes()) ops += n.kind == NodeKind::op;
+  for (const FusionGroup& s : steps_) {
+    eager += s.kind == FusionGroup::eager;
+    views += s.kind == FusionGroup::view;
+  }
+  std::string out = fmt::format("program: {} steps for {} op nodes: {} kernels, {} eager, {} views\n", steps_.size(),
+                                ops, num_kernels(), eager, views);
+  auto numbers = [&](const std::vector<int32_t>& nodes) {
+    std::vector<std::string> text;
+    for (int32_t n : nodes) text.push_back(fmt::format("%{}", g.value_number({n, 0})));
+    return fmt::format("{}", fmt::join(text, " "));
+  };
+  for (size_t s = 0; s < steps_.size(); ++s) {
+    const FusionGroup& step = steps_[s];
+    if (step.is_kernel()) {
+      std::vector<int32_t> stored;
+      for (int32_t b : step.kernel.output_buffers()) stored.push_back(step.kernel.buffers[static_cast<size_t>(b)].node);
+      out += fmt::format("  {:<9} {} over {}: {} -> {}\n", kind_name(step.kind), kernel_name(kernel_of_[s]),
+                         shape_str(step.kernel.shape), numbers(step.nodes), numbers(stored));
+    } else {
+      const Node& node = g.nodes()[static_cast<size_t>(step.nodes[0])];
+      out += fmt::format("  {:<9} {} {}\n", kind_name(step.kind), node.op, numbers(step.nodes));
+    }
+  }
+  return out;
+}
+
+}  // namespace kiln::compiler

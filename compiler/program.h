@@ -1,0 +1,64 @@
+#pragma once
+// A Program: a graph made runnable with generated code (../shared/COMPILER.md, "Targets").
+//
+//   compiler::Program p(graph);          // fuse, lower, render, compile all kernels
+//   std::vector<Tensor> out = p.run(inputs);
+//
+// Building one runs fuse() (compiler/fusion.h), renders each kernel group's C++ and compiles
+// them all in one parallel batch through the kernel cache (compiler/codegen/jit.h), so a
+// graph built before compiles nothing. run() does what interpret() does for the same graph
+// and inputs (the same input checks, write-backs and returned tensors), except that kernel
+// groups run their compiled kernel into fresh contiguous outputs; eager and view steps go
+// through call_op.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "compiler/codegen/jit.h"
+#include "compiler/fusion.h"
+#include "compiler/ir/graph.h"
+#include "core/tensor.h"
+
+namespace kiln::compiler {
+
+class Program {
+ public:
+  // kiln::Error when the host compiler fails on a kernel. `jobs`: compiler processes at once.
+  explicit Program(Graph graph, int jobs = 2);
+
+  // The graph's outputs for `inputs` (the tensors of the graph inputs, in order; kiln::Error
+  // naming an input whose dtype, shape or device differs). Write-backs are copied into their
+  // input tensors; an output that is the new content of an input is that input tensor.
+  // No autograd is recorded.
+  std::vector<Tensor> run(const std::vector<Tensor>& inputs) const;
+
+  const Graph& graph() const { return graph_; }
+  const std::vector<FusionGroup>& steps() const { return steps_; }
+  int64_t num_steps() const { return static_cast<int64_t>(steps_.size()); }
+  int64_t num_kernels() const { return static_cast<int64_t>(kernels_.size()); }
+
+  // Kernel k (in schedule order): its name in the dumps ("k0_mul_add_relu"), its kernel IR
+  // text and its C++ source.
+  std::string kernel_name(int64_t k) const;
+  std::string kernel_ir(int64_t k) const;
+  const std::string& kernel_source(int64_t k) const;
+  // Every kernel's IR, and every kernel's source, each headed by its name (for dumps).
+  std::string kernels_text() const;
+  std::string sources_text() const;
+
+  // One line per step: kernels with their kind, space and nodes, eager ops, views.
+  std::string describe() const;
+
+ private:
+  struct KernelStep {
+    int32_t step = -1;  // index into steps_
+    std::string source;
+    codegen::CompiledKernel compiled;
+  };
+  Graph graph_;
+  std::vector<FusionGroup> steps_;
+  std::vector<int32_t> kernel_of_;  // per step: index into kernels_, -1 for eager and view
+  std::vector<KernelStep> kernels_;
+};
+
+}  // namespace kiln::compiler

@@ -1,0 +1,248 @@
+// Fusion (compiler/fusion.h), Program (compiler/program.h) and kiln::compile running the
+// generated program: replays equal eager, dumps, the kernel cache. Each distinct kernel costs
+// ~0.5 s of g++, so the tests share few kernel structures.
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <unistd.h>
+
+#include "compiler/codegen/jit.h"
+#include "compiler/compile.h"
+#include "compiler/fusion.h"
+#include "compiler/passes/passes.h"
+#include "compiler/program.h"
+#include "testing.h"
+
+using namespace kiln;
+using namespace kiln::compiler;
+using Catch::Matchers::Contains;
+
+namespace {
+
+using Args = std::vector<Tensor>;
+
+// Points the kernel cache at a fresh directory for one test and removes it afterwards.
+struct TempCache {
+  std::filesystem::path dir;
+  TempCache() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "kiln-program-test-XXXXXX").string();
+    dir = mkdtemp(tmpl.data());
+    setenv("KILN_CACHE_DIR", dir.c_str(), 1);
+    unsetenv("KILN_CACHE");
+  }
+  ~TempCache() {
+    unsetenv("KILN_CACHE_DIR");
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  }
+};
+
+TraceOptions names_of(const nn::Module& m) {
+  TraceOptions options;
+  for (const auto& [name, p] : m.named_parameters()) options.names[p.impl()] = name;
+  return options;
+}
+
+// The traced graph of fn(args), simplified as kiln::compile does.
+Graph simplified_trace(const TracedFunction& fn, const Args& args) {
+  const Trace t = trace(fn, args);
+  return run_pipeline(t.graph, default_simplify_passes(), nullptr, false);
+}
+
+int64_t op_nodes(const Graph& g) {
+  int64_t n = 0;
+  for (const compiler::Node& node : g.nodes()) n += node.kind == NodeKind::op;
+  return n;
+}
+
+// (x*w+b).relu()*2 - y
+Args pointwise_fn(const Args& a) { return {relu(a[0] * a[1] + a[2]) * 2 - a[3]}; }
+
+std::string read_text(const std::filesystem::path& p) {
+  std::ifstream in(p);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+}  // namespace
+
+TEST_CASE("program fuses a pointwise chain into one kernel equal to eager in f32 and f64", "[program]") {
+  TempCache cache;
+  manual_seed(21);
+  for (DType dtype : {DType::f32, DType::f64}) {
+    INFO(fmt::format("{}", dtype));
+    const double tol = dtype == DType::f32 ? 1e-6 : 1e-12;
+    const TensorOptions o{.dtype = dtype};
+    const Args args = {randn({4, 5}, o), randn({5}, o), randn({4, 1}, o), randn({4, 5}, o)};
+    const Graph g = simplified_trace(pointwise_fn, args);
+    const Program p(g);
+    CHECK(p.num_kernels() == 1);
+    CHECK(p.num_steps() < op_nodes(g));
+    CHECK(p.steps().back().kind == FusionGroup::pointwise);
+    CHECK_THAT(p.describe(), Contains("pointwise") && Contains("k0_mul_add_relu"));
+    CHECK_THAT(p.kernel_ir(0), Contains("kernel mul_add_relu"));
+    CHECK_THAT(p.kernel_source(0), Contains("k_mul_add_relu"));
+    const Args out = p.run(args);
+    REQUIRE(out.size() == 1);
+    KILN_CHECK_CLOSE(out[0], pointwise_fn(args)[0], tol, tol);
+
+    // Through kiln::compile: the traced call and the replays equal eager.
+    CompiledFunction f = compile(pointwise_fn);
+    for (int call = 0; call < 3; ++call) {
+      const Args fresh = {randn({4, 5}, o), randn({5}, o), randn({4, 1}, o), randn({4, 5}, o)};
+      KILN_CHECK_CLOSE(f(fresh).at(0), pointwise_fn(fresh)[0], tol, tol);
+    }
+    CHECK(f.recompiles() == 0);
+  }
+}
+
+TEST_CASE("program fuses a pointwise prologue into the reduction after it", "[program]") {
+  TempCache cache;
+  manual_seed(22);
+  auto fn = [](const Args& a) -> Args {
+    const Tensor d = a[0] - a[1];
+    return {sum(d * d, {1})};
+  };
+  const Args args = {randn({6, 7}, {.dtype = DType::f64}), randn({6, 7}, {.dtype = DType::f64})};
+  const Graph g = simplified_trace(fn, args);
+  const Program p(g);
+  REQUIRE(p.num_kernels() == 1);
+  CHECK(p.steps().size() == 1);
+  CHECK(p.steps()[0].kind == FusionGroup::reduction);
+  CHECK(p.steps()[0].nodes.size() == 3);
+  KILN_CHECK_CLOSE(p.run(args).at(0), fn(args)[0], 1e-12, 1e-12);
+
+  // A prologue value also used elsewhere stays in a pointwise kernel before the reduction.
+  auto shared = [](const Args& a) -> Args {
+    const Tensor d = a[0] - a[1];
+    return {sum(d * d, {1}), d};
+  };
+  const Program q(simplified_trace(shared, args));
+  REQUIRE(q.steps().size() == 2);
+  CHECK(q.steps()[0].kind == FusionGroup::pointwise);
+  CHECK(q.steps()[1].kind == FusionGroup::reduction);
+  const Args out = q.run(args), want = shared(args);
+  KILN_CHECK_CLOSE(out.at(0), want[0], 1e-12, 1e-12);
+  KILN_CHECK_CLOSE(out.at(1), want[1], 0.0, 0.0);
+}
+
+TEST_CASE("program of an MLP training step matches eager loss and grads over calls", "[program]") {
+  TempCache cache;
+  manual_seed(23);
+  const TensorOptions f64{.dtype = DType::f64};
+  models::MLP model({4, 8, 3}), reference({4, 8, 3});
+  model.to(DType::f64);
+  reference.to(DType::f64);
+  {
+    NoGradGuard no_grad;
+    const auto params = model.named_parameters(), ref_params = reference.named_parameters();
+    for (size_t i = 0; i < params.size(); ++i) {
+      Tensor target = ref_params[i].second;
+      target.copy_(params[i].second);
+    }
+  }
+  auto step_of = [](models::MLP& m) {
+    return [&m](const Args& a) -> Args {
+      Tensor loss = mse_loss(m(a[0]), a[1]);
+      loss.backward();
+      return {loss};
+    };
+  };
+  CompiledFunction step = compile(step_of(model), {.trace = names_of(model)});
+  auto eager = step_of(reference);
+  // Grads: none (traced, grads cloned), kept (recompiled: added into in place), cleared
+  // (the first program replays), kept (the second program replays with write-backs).
+  const bool clear_before[] = {false, false, true, false};
+  for (int call = 0; call < 4; ++call) {
+    INFO("call " << call);
+    if (clear_before[call]) {
+      model.zero_grad(true);
+      reference.zero_grad(true);
+    }
+    const Tensor x = randn({6, 4}, f64), y = randn({6, 3}, f64);
+    const Args out = step({x, y});
+    KILN_CHECK_CLOSE(out.at(0), eager({x, y})[0], 1e-10, 1e-12);
+    const auto params = model.named_parameters(), ref_params = reference.named_parameters();
+    for (size_t i = 0; i < params.size(); ++i) {
+      INFO(params[i].first);
+      REQUIRE(params[i].second.grad().defined());
+      CHECK(params[i].second.grad().is_contiguous());
+      KILN_CHECK_CLOSE(params[i].second.grad(), ref_params[i].second.grad(), 1e-10, 1e-12);
+    }
+  }
+  CHECK(step.recompiles() == 1);
+  CHECK(step.cache_size() == 2);
+}
+
+TEST_CASE("program of SmallCNN forward in eval mode equals eager", "[program]") {
+  TempCache cache;
+  manual_seed(24);
+  models::SmallCNN model;
+  model.eval();
+  auto forward = [&model](const Args& a) -> Args { return {model(a[0])}; };
+  NoGradGuard no_grad;
+  CompiledFunction f = compile(forward, {.trace = names_of(model)});
+  for (int call = 0; call < 2; ++call) {
+    const Tensor x = randn({2, 1, 28, 28});
+    KILN_CHECK_CLOSE(f({x}).at(0), forward({x})[0], 1e-5, 1e-5);
+  }
+  CHECK(f.recompiles() == 0);
+}
+
+TEST_CASE("compile writes every stage to the dump folder and reuses cached kernels", "[program]") {
+  TempCache cache;
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("kiln-test-program-dump-" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  const Args args = {ones({3, 2}), ones({2}), ones({3, 1}), ones({3, 2})};
+  CompiledFunction f = compile(pointwise_fn, {.dump_dir = dir});
+  f(args);
+  std::vector<std::string> stages;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    INFO(name);
+    CHECK(!read_text(e.path()).empty());
+    stages.push_back(name.substr(4));
+  }
+  std::sort(stages.begin(), stages.end());
+  CHECK(stages == std::vector<std::string>{"fused.txt", "kernels.txt", "passes.txt", "simplified.ir", "source.cpp",
+                                           "trace.ir"});
+  std::filesystem::remove_all(dir);
+
+  // The same function compiled again: the kernel comes from the cache, g++ does not run.
+  const int64_t before = codegen::compiler_invocations();
+  CompiledFunction again = compile(pointwise_fn);
+  const Args out = again(args);
+  KILN_CHECK_CLOSE(again(args).at(0), pointwise_fn(args)[0], 0.0, 0.0);
+  CHECK(codegen::compiler_invocations() == before);
+
+  // The interpreter backend, the reference, gives the same; unknown backends are refused.
+  CompiledFunction reference = compile(pointwise_fn, {.backend = "interpreter"});
+  reference(args);
+  KILN_CHECK_CLOSE(reference(args).at(0), out[0], 0.0, 0.0);
+  CHECK_THROWS_WITH(compile(pointwise_fn, {.backend = "cuda-graphs"}), Contains("unknown backend"));
+}
+
+TEST_CASE("fusion keeps eager ops and views as their own steps in node order", "[program]") {
+  Graph g;
+  const TensorType t{.dtype = DType::f32, .shape = {3, 4}};
+  const Value x = g.add_input("x", t), w = g.add_input("w", TensorType{.dtype = DType::f32, .shape = {4, 4}});
+  const Value a = g.add_op1("relu", {x});
+  const Value wt = g.add_op1("permute", {w}, {{"dims", std::vector<int64_t>{1, 0}}});
+  const Value b = g.add_op1("exp", {a});  // joins relu's run: the permute reads an input
+  const Value m = g.add_op1("matmul", {b, wt});
+  const Value c = g.add_op1("add", {m, a});
+  g.set_outputs({c});
+  const std::vector<FusionGroup> steps = fuse(g);
+  REQUIRE(steps.size() == 4);
+  CHECK(steps[0].kind == FusionGroup::view);
+  CHECK(steps[1].kind == FusionGroup::pointwise);
+  CHECK(steps[1].nodes == std::vector<int32_t>{a.node, b.node});
+  CHECK(steps[1].kernel.num_outputs() == 2);  // relu is read by the add after the matmul
+  CHECK(steps[2].kind == FusionGroup::eager);
+  CHECK(steps[3].kind == FusionGroup::pointwise);
+}
