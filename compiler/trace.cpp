@@ -158,6 +158,7 @@ class Tracer {
                "trace: {} is a random op; its seed and offset would be baked into the graph "
                "(not supported yet)",
                op.name);
+    if (updates_running_stats(call)) return record_batch_norm_training(call);
     refuse_mutation(call);
     const Tensor* target = call.inplace ? &call.outputs[0] : nullptr;
     if (target)
@@ -209,17 +210,79 @@ class Tracer {
       Known* k = find(t);
       if (k) remember(t, k->value, version_of(t), k->input);
     }
+    record_outputs(call, outs);
+  }
+
+  // The values of a (not in-place) call's outputs.
+  void record_outputs(const OpCall& call, const std::vector<Value>& outs) {
+    KILN_CHECK(outs.size() == call.outputs.size(),
+               "trace: {} made {} outputs but its shape rule says {}", call.op.name,
+               call.outputs.size(), outs.size());
     for (size_t i = 0; i < outs.size(); ++i) {
       const Tensor& out = call.outputs[i];
       if (!out.defined()) continue;
-      check_type(outs[i], out, op.name);
+      check_type(outs[i], out, call.op.name);
       remember(out, outs[i], version_of(out), {});
-      track_storage(out, version_of(out), "an output of " + op.name);
+      track_storage(out, version_of(out), "an output of " + call.op.name);
     }
   }
 
+  // batch_norm in training with running statistics, which its kernel updated in place.
+  static bool updates_running_stats(const OpCall& call) {
+    return call.op.name == "batch_norm" && call.attrs.has("training") && call.attrs.b("training") &&
+           call.inputs.size() == 5 && call.inputs[3].defined() && call.inputs[4].defined();
+  }
+
+  // Recorded as three pure steps: batch_norm without the running statistics (it then
+  // normalizes with the batch's statistics, as it did, and writes nothing: a node that
+  // still held them would update them again at replay, on top of the write-back), then
+  // batch_norm_stats_update computing their new values from the same input (bit for bit
+  // the kernel's update), then those values as the running statistics' new content
+  // (write-backs when they are graph inputs: module buffers, captured as state).
+  void record_batch_norm_training(const OpCall& call) {
+    const std::string& op = call.op.name;
+    const Tensor& running_mean = call.inputs[3];
+    const Tensor& running_var = call.inputs[4];
+    for (const Tensor* stat : {&running_mean, &running_var})
+      KILN_CHECK(!stat->impl()->view_base,
+                 "trace: {} updates a running statistic that is a view ({}) of another tensor "
+                 "(not supported yet)",
+                 op, stat->meta_str());
+    KILN_CHECK(running_mean.storage() != running_var.storage(),
+               "trace: {}'s running_mean and running_var share memory ({}, {})", op,
+               running_mean.meta_str(), running_var.meta_str());
+    const Written written{running_mean.storage().get(), running_var.storage().get()};
+
+    std::vector<Value> inputs;
+    for (size_t i = 0; i < 3; ++i) inputs.push_back(value_of(call.inputs[i], op, written));
+    const Value mean_before = value_of(running_mean, op, written);
+    const Value var_before = value_of(running_var, op, written);
+    const Value input = inputs[0];
+    inputs.resize(5);  // running statistics: none
+    const std::vector<Value> outs = trace_.graph.add_op(op, std::move(inputs), call.attrs, op);
+    const double momentum = call.attrs.has("momentum") ? call.attrs.f("momentum") : 0.1;
+    const std::vector<Value> updated =
+        trace_.graph.add_op("batch_norm_stats_update", {input, mean_before, var_before},
+                            {{"momentum", momentum}}, op);
+    for (const StorageImpl* storage : written) {
+      StorageState& state = storages_.at(storage);
+      if (const std::shared_ptr<StorageImpl> alive = state.storage.lock())
+        state.expected = alive->version.load();
+    }
+    const Tensor* stats[] = {&running_mean, &running_var};
+    for (size_t k = 0; k < 2; ++k) {
+      const Tensor& stat = *stats[k];
+      check_type(updated[k], stat, op);
+      const Value stat_input = find(stat)->input;  // value_of above made it known
+      remember(stat, updated[k], version_of(stat), stat_input);
+      if (stat_input.defined()) trace_.graph.add_write_back(stat_input, updated[k]);
+    }
+    record_outputs(call, outs);
+  }
+
   // Ops that write inputs in place outside an in-place call: refused when they would write
-  // (batch norm writes its running statistics only in training).
+  // (a "training" attribute false says they do not). batch_norm's update of its running
+  // statistics is recorded (record_batch_norm_training) before this is asked.
   static void refuse_mutation(const OpCall& call) {
     const OpDef& op = call.op;
     bool writes = false;
@@ -227,8 +290,8 @@ class Tracer {
     if (!writes) return;
     const bool training = !call.attrs.has("training") || call.attrs.b("training");
     KILN_CHECK(!training,
-               "trace: {} writes its inputs in place (batch norm's running statistics in "
-               "training) -- not supported yet; trace in eval mode or without running statistics",
+               "trace: {} writes its inputs in place outside an in-place call (not supported "
+               "yet)",
                op.name);
   }
 

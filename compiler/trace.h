@@ -15,6 +15,11 @@
 //   written in the program (wrapped 0-d tensors) become constants;
 // - an in-place op (add_, copy_, ...) is recorded as the pure op, and when its target is a
 //   graph input, as a write-back to it;
+// - batch_norm in training with running statistics (which its kernel updates in place) is
+//   recorded as batch_norm without them (none: batch statistics, nothing written), then
+//   batch_norm_stats_update(input, running_mean, running_var) {momentum} for their new
+//   values, written back into them when they are graph inputs; a module's
+//   num_batches_tracked.add_(1) is an in-place op like any other;
 // - fn's results are the graph's outputs;
 // - a `.grad` that fn changed (backward() assigning a new gradient to a leaf: AccumulateGrad's
 //   clone when .grad was undefined) is a "grad effect": its new value is an extra graph
@@ -23,8 +28,8 @@
 //   and is read at replay from the leaf's current .grad (Trace::grad_of).
 //
 // Refused with a kiln::Error naming the op, for now: random ops (their seed and offset would
-// be baked in), ops that mutate inputs in place other than through an in-place call (batch
-// norm's running statistics in training), in-place writes into a view, and tensors
+// be baked in), ops that mutate inputs in place other than through an in-place call
+// (batch_norm aside), in-place writes into a view, and tensors
 // modified outside the registry while tracing (a version counter moved with no op seen:
 // an optimizer's fused step, say). With TraceOptions::allow_break a refusal is not thrown:
 // the trace stops recording, fn runs on eagerly to its end, and the Trace reports the

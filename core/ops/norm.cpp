@@ -1,6 +1,7 @@
 // Normalization ops: their shape and dtype rules and their public functions.
 #include "core/ops/norm.h"
 
+#include "core/grad_mode.h"
 #include "core/ops/factory.h"
 #include "core/registry.h"
 
@@ -67,6 +68,35 @@ std::vector<TensorMeta> infer_batch_norm(std::span<const TensorMeta> in, const A
 }
 const OpDef& kBatchNorm =
     define_op({.name = "batch_norm", .infer = infer_batch_norm, .mutated_inputs = {3, 4}});
+
+// (input, running_mean, running_var) {momentum} -> (new_running_mean, new_running_var): the
+// update batch_norm in training writes into its running statistics, as a pure op (what the
+// tracer records instead of the in-place write).
+std::vector<TensorMeta> infer_batch_norm_stats_update(std::span<const TensorMeta> in,
+                                                      const Attrs& a) {
+  constexpr const char* op = "batch_norm_stats_update";
+  check_count(in, 3, op);
+  const TensorMeta& x = in[0];
+  KILN_CHECK(x.defined && is_floating(x.dtype), "{}: expects a floating input, got {}", op,
+             metas_str(in));
+  KILN_CHECK(x.shape.size() >= 2, "{}: expects an input of shape [N,C,...] (2-d or more), got {}",
+             op, metas_str(in));
+  KILN_CHECK(in[1].defined && in[2].defined, "{}: running_mean and running_var are required ({})",
+             op, metas_str(in));
+  KILN_CHECK(a.has("momentum"), "{}: attribute 'momentum' is required ({})", op, a.to_string());
+  (void)a.f("momentum");  // a double: an error naming the attribute otherwise
+  const int64_t channels = x.shape[1];
+  const Shape per_channel{channels};
+  check_param(in[1], per_channel, "running_mean", in, op);
+  check_param(in[2], per_channel, "running_var", in, op);
+  const int64_t per_channel_count = channels ? numel_of(x.shape) / channels : 0;
+  KILN_CHECK(per_channel_count > 1, "{}: expected more than 1 value per channel, got input {}", op,
+             metas_str(in));
+  const Device device = common_device(in, op);
+  return {TensorMeta{per_channel, in[1].dtype, device}, TensorMeta{per_channel, in[2].dtype, device}};
+}
+const OpDef& kBatchNormStatsUpdate =
+    define_op({.name = "batch_norm_stats_update", .infer = infer_batch_norm_stats_update});
 
 // (grad_out, input, weight?, save_mean, save_invstd) -> (grad_input, grad_weight, grad_bias)
 std::vector<TensorMeta> infer_batch_norm_backward(std::span<const TensorMeta> in, const Attrs& a) {
@@ -170,6 +200,16 @@ Tensor batch_norm(const Tensor& input, const Tensor& weight, const Tensor& bias,
   return batch_norm_with_stats(input, weight, bias, running_mean, running_var, training, momentum,
                                eps)
       .output;
+}
+
+RunningStats batch_norm_stats_update(const Tensor& input, const Tensor& running_mean,
+                                     const Tensor& running_var, double momentum) {
+  // Running statistics are buffers that no gradient flows through (PyTorch updates them
+  // under no_grad too): the new values must not record the input's graph.
+  NoGradGuard no_grad;
+  std::vector<Tensor> out = call_op(kBatchNormStatsUpdate, {input, running_mean, running_var},
+                                    {{"momentum", momentum}});
+  return {out[0], out[1]};
 }
 
 NormGrads batch_norm_backward(const Tensor& grad_out, const Tensor& input, const Tensor& weight,

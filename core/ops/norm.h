@@ -14,6 +14,11 @@ struct BatchNormResult {
   Tensor save_invstd;  // [C]: 1 / sqrt(var + eps) it was normalized with
 };
 
+struct RunningStats {
+  Tensor mean;  // [C]
+  Tensor var;   // [C]
+};
+
 struct NormGrads {
   Tensor grad_input;
   Tensor grad_weight;  // the weight's shape (and dtype, when a weight was given)
@@ -37,6 +42,13 @@ BatchNormResult batch_norm_with_stats(const Tensor& input, const Tensor& weight,
 Tensor batch_norm(const Tensor& input, const Tensor& weight, const Tensor& bias,
                   const Tensor& running_mean, const Tensor& running_var, bool training,
                   double momentum = 0.1, double eps = 1e-5);
+// The running statistics after a training-mode batch_norm of `input`: the values
+// batch_norm_with_stats(input, ..., running_mean, running_var, true, momentum) writes into
+// them in place (bit for bit: the batch statistics are recomputed the same way), returned
+// as new tensors of the running statistics' dtypes; the arguments are left unchanged.
+// Records no autograd graph.
+RunningStats batch_norm_stats_update(const Tensor& input, const Tensor& running_mean,
+                                     const Tensor& running_var, double momentum = 0.1);
 // The gradients of batch_norm given the statistics it saved; `training` says whether they
 // were the batch's (which then depend on the input) or the running ones.
 NormGrads batch_norm_backward(const Tensor& grad_out, const Tensor& input, const Tensor& weight,

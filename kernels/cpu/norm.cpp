@@ -71,9 +71,64 @@ int64_t grain_for(int64_t work_per_item) {
   return std::max<int64_t>(1, kGrain / std::max<int64_t>(1, work_per_item));
 }
 
+// Per channel of x (contiguous, viewed as [N, C, L]): the mean and the biased variance, in
+// f64. Each channel is summed by one thread in a fixed order, so the result does not depend
+// on the thread count: batch_norm and batch_norm_stats_update agree bit for bit.
+void channel_moments(const Tensor& x, const ChannelLayout& s, std::vector<double>& mean,
+                     std::vector<double>& var) {
+  mean.assign(static_cast<size_t>(s.c), 0.0);
+  var.assign(static_cast<size_t>(s.c), 0.0);
+  const int64_t count = s.n * s.l;
+  visit_floating(x.dtype(), "batch_norm", [&]<class T>() {
+    const T* xs = x.data_ptr<T>();
+    parallel_for(s.c, grain_for(count), [&](int64_t b, int64_t e) {
+      for (int64_t c = b; c < e; ++c) {
+        double sum = 0;
+        for (int64_t n = 0; n < s.n; ++n) {
+          const T* p = xs + (n * s.c + c) * s.l;
+          sum += accumulate(s.l, [p](int64_t i) { return to_double(p[i]); });
+        }
+        const double m = sum / static_cast<double>(count);
+        // A second pass over the deviations keeps the variance accurate for large means.
+        double sq = 0;
+        for (int64_t n = 0; n < s.n; ++n) {
+          const T* p = xs + (n * s.c + c) * s.l;
+          sq += accumulate(s.l, [p, m](int64_t i) {
+            const double d = to_double(p[i]) - m;
+            return d * d;
+          });
+        }
+        mean[c] = m;
+        var[c] = sq / static_cast<double>(count);
+      }
+    });
+  });
+}
+
+// The running statistics' update, r = (1 - momentum) r + momentum s with the unbiased
+// variance for running_var: reads running_mean and running_var, writes the new values into
+// new_mean and new_var (the same tensors for batch_norm's in-place update).
+void update_running_stats(const Tensor& running_mean, const Tensor& running_var,
+                          const Tensor& new_mean, const Tensor& new_var,
+                          const std::vector<double>& mean, const std::vector<double>& var,
+                          int64_t count, double momentum) {
+  const int64_t channels = static_cast<int64_t>(mean.size());
+  std::vector<double> rm = read_values(running_mean, channels, 0.0);
+  std::vector<double> rv = read_values(running_var, channels, 0.0);
+  const double unbias = static_cast<double>(count) / static_cast<double>(count - 1);
+  for (int64_t c = 0; c < channels; ++c) {
+    rm[c] = (1 - momentum) * rm[c] + momentum * mean[c];
+    rv[c] = (1 - momentum) * rv[c] + momentum * var[c] * unbias;
+  }
+  write_values(new_mean, rm);
+  write_values(new_var, rv);
+}
+
+double momentum_of(const Attrs& attrs) { return attrs.has("momentum") ? attrs.f("momentum") : 0.1; }
+
 void batch_norm(Span in, Span out, const Attrs& attrs) {
   const bool training = attrs.b("training");
-  const double momentum = attrs.has("momentum") ? attrs.f("momentum") : 0.1;
+  const double momentum = momentum_of(attrs);
   const double eps = attrs.has("eps") ? attrs.f("eps") : 1e-5;
   const Tensor x = in[0].contiguous();
   const ChannelLayout s = channel_layout(x);
@@ -83,49 +138,19 @@ void batch_norm(Span in, Span out, const Attrs& attrs) {
   std::vector<double> mean(static_cast<size_t>(s.c)), invstd(static_cast<size_t>(s.c));
   const int64_t count = s.n * s.l;
 
+  if (training) {
+    std::vector<double> var;
+    channel_moments(x, s, mean, var);
+    for (int64_t c = 0; c < s.c; ++c) invstd[c] = 1.0 / std::sqrt(var[c] + eps);
+    if (has_running) update_running_stats(in[3], in[4], in[3], in[4], mean, var, count, momentum);
+  } else {
+    mean = read_values(in[3], s.c, 0.0);
+    const std::vector<double> var = read_values(in[4], s.c, 1.0);
+    for (int64_t c = 0; c < s.c; ++c) invstd[c] = 1.0 / std::sqrt(var[c] + eps);
+  }
   visit_floating(x.dtype(), "batch_norm", [&]<class T>() {
     using C = compute_t<T>;
     const T* xs = x.data_ptr<T>();
-    if (training) {
-      std::vector<double> var(static_cast<size_t>(s.c));
-      parallel_for(s.c, grain_for(count), [&](int64_t b, int64_t e) {
-        for (int64_t c = b; c < e; ++c) {
-          double sum = 0;
-          for (int64_t n = 0; n < s.n; ++n) {
-            const T* p = xs + (n * s.c + c) * s.l;
-            sum += accumulate(s.l, [p](int64_t i) { return to_double(p[i]); });
-          }
-          const double m = sum / static_cast<double>(count);
-          // A second pass over the deviations keeps the variance accurate for large means.
-          double sq = 0;
-          for (int64_t n = 0; n < s.n; ++n) {
-            const T* p = xs + (n * s.c + c) * s.l;
-            sq += accumulate(s.l, [p, m](int64_t i) {
-              const double d = to_double(p[i]) - m;
-              return d * d;
-            });
-          }
-          mean[c] = m;
-          var[c] = sq / static_cast<double>(count);
-          invstd[c] = 1.0 / std::sqrt(var[c] + eps);
-        }
-      });
-      if (has_running) {
-        std::vector<double> running_mean = read_values(in[3], s.c, 0.0);
-        std::vector<double> running_var = read_values(in[4], s.c, 0.0);
-        const double unbias = static_cast<double>(count) / static_cast<double>(count - 1);
-        for (int64_t c = 0; c < s.c; ++c) {
-          running_mean[c] = (1 - momentum) * running_mean[c] + momentum * mean[c];
-          running_var[c] = (1 - momentum) * running_var[c] + momentum * var[c] * unbias;
-        }
-        write_values(in[3], running_mean);
-        write_values(in[4], running_var);
-      }
-    } else {
-      mean = read_values(in[3], s.c, 0.0);
-      const std::vector<double> var = read_values(in[4], s.c, 1.0);
-      for (int64_t c = 0; c < s.c; ++c) invstd[c] = 1.0 / std::sqrt(var[c] + eps);
-    }
     T* ys = out[0].data_ptr<T>();
     parallel_for(s.c, grain_for(count), [&](int64_t b, int64_t e) {
       for (int64_t c = b; c < e; ++c) {
@@ -142,6 +167,17 @@ void batch_norm(Span in, Span out, const Attrs& attrs) {
   });
   write_values(out[1], mean);
   write_values(out[2], invstd);
+}
+
+// batch_norm's running-statistics update as a pure op: the batch statistics recomputed
+// from the input exactly as batch_norm computes them, so the new values are bit for bit
+// what batch_norm would have written in place.
+void batch_norm_stats_update(Span in, Span out, const Attrs& attrs) {
+  const Tensor x = in[0].contiguous();
+  const ChannelLayout s = channel_layout(x);
+  std::vector<double> mean, var;
+  channel_moments(x, s, mean, var);
+  update_running_stats(in[1], in[2], out[0], out[1], mean, var, s.n * s.l, momentum_of(attrs));
 }
 
 void batch_norm_backward(Span in, Span out, const Attrs& attrs) {
@@ -319,6 +355,7 @@ struct Registrar {
     constexpr auto cpu = DeviceType::cpu;
     register_kernel("batch_norm", cpu, batch_norm);
     register_kernel("batch_norm_backward", cpu, batch_norm_backward);
+    register_kernel("batch_norm_stats_update", cpu, batch_norm_stats_update);
     register_kernel("layer_norm", cpu, layer_norm);
     register_kernel("layer_norm_backward", cpu, layer_norm_backward);
   }
