@@ -4,7 +4,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstddef>
+#include <limits>
 #include <unordered_map>
 #include <utility>
 
@@ -49,8 +51,42 @@ Program::Program(Graph graph, int jobs) : graph_(std::move(graph)) {
     sources.emplace_back(k.source, codegen::cpp_symbol(steps_[s].kernel));
     kernels_.push_back(std::move(k));
   }
+  plan_releases();
   const std::vector<codegen::CompiledKernel> compiled = codegen::compile_cpp_batch(sources, jobs);
   for (size_t k = 0; k < kernels_.size(); ++k) kernels_[k].compiled = compiled[k];
+}
+
+void Program::plan_releases() {
+  constexpr int32_t kKeep = std::numeric_limits<int32_t>::max();
+  const size_t num_nodes = graph_.nodes().size();
+  std::vector<int32_t> last_use(num_nodes, -1), defined_at(num_nodes, -1);
+  auto use = [&](int32_t node, int32_t step) {
+    if (node >= 0 && last_use[static_cast<size_t>(node)] != kKeep) last_use[static_cast<size_t>(node)] = step;
+  };
+  for (Value v : graph_.outputs()) last_use[static_cast<size_t>(v.node)] = kKeep;
+  for (const auto& [input, value] : graph_.write_backs()) {
+    last_use[static_cast<size_t>(input.node)] = kKeep;
+    last_use[static_cast<size_t>(value.node)] = kKeep;
+  }
+  for (size_t s = 0; s < steps_.size(); ++s) {
+    const auto step = static_cast<int32_t>(s);
+    const FusionGroup& group = steps_[s];
+    if (group.is_kernel()) {
+      for (int32_t b : group.kernel.input_buffers()) use(group.kernel.buffers[static_cast<size_t>(b)].node, step);
+      for (int32_t b : group.kernel.output_buffers())
+        defined_at[static_cast<size_t>(group.kernel.buffers[static_cast<size_t>(b)].node)] = step;
+    } else {
+      const int32_t n = group.nodes.at(0);
+      for (Value v : graph_.nodes()[static_cast<size_t>(n)].inputs) use(v.node, step);
+      defined_at[static_cast<size_t>(n)] = step;
+    }
+  }
+  release_after_.assign(steps_.size(), {});
+  for (size_t n = 0; n < num_nodes; ++n) {
+    if (graph_.nodes()[n].kind != NodeKind::op || last_use[n] == kKeep) continue;
+    const int32_t after = last_use[n] >= 0 ? std::max(last_use[n], defined_at[n]) : defined_at[n];
+    if (after >= 0) release_after_[static_cast<size_t>(after)].push_back(static_cast<int32_t>(n));
+  }
 }
 
 std::vector<Tensor> Program::run(const std::vector<Tensor>& inputs) const {
@@ -87,6 +123,7 @@ std::vector<Tensor> Program::run(const std::vector<Tensor>& inputs) const {
       out = call_op(def, std::move(args), node.attrs);
       KILN_CHECK(out.size() == node.outputs.size(), "Program::run: {} made {} outputs, the graph says {}",
                  node.op, out.size(), node.outputs.size());
+      for (int32_t r : release_after_[s]) values[static_cast<size_t>(r)].clear();
       continue;
     }
     const codegen::Kernel& kernel = step.kernel;
@@ -105,6 +142,9 @@ std::vector<Tensor> Program::run(const std::vector<Tensor>& inputs) const {
     }
     const KernelStep& k = kernels_[static_cast<size_t>(kernel_of_[s])];
     codegen::run_kernel(k.compiled, kernel, kernel_inputs, kernel_outputs);
+    kernel_inputs.clear();
+    kernel_outputs.clear();
+    for (int32_t n : release_after_[s]) values[static_cast<size_t>(n)].clear();
   }
 
   // As interpret(): every write-back reads the values as they were before any is written,

@@ -50,6 +50,7 @@ class Program {
   std::string describe() const;
 
  private:
+  void plan_releases();
   struct KernelStep {
     int32_t step = -1;  // index into steps_
     std::string source;
@@ -58,6 +59,9 @@ class Program {
   Graph graph_;
   std::vector<FusionGroup> steps_;
   std::vector<int32_t> kernel_of_;  // per step: index into kernels_, -1 for eager and view
+  // Per step: the nodes whose values no later step, output or write-back reads, dropped
+  // after it so that their memory goes back to the allocator (the peak follows liveness).
+  std::vector<std::vector<int32_t>> release_after_;
   std::vector<KernelStep> kernels_;
 };
 

@@ -86,7 +86,38 @@ struct TrainBenchOptions {
   std::string arch = "resnet50";
   std::string device = "cpu";
   int64_t batch = 8, micro_batch = 0, image_size = 64, classes = 1000, steps = 10, warmup = 2;
+  bool compile = false;  // also time the compiled step, in the same run
 };
+
+struct TrainTiming {
+  double median_ms = 0, peak_mib = 0, first_call_s = 0;
+};
+
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+}
+
+// Times `step` (after `warmup` calls, the first of which is timed on its own: tracing and
+// compiling happen there) and measures the peak of live tensor bytes during the timed steps.
+TrainTiming time_steps(const std::function<void()>& step, int64_t warmup, int64_t steps) {
+  TrainTiming t;
+  for (int64_t i = 0; i < warmup; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    step();
+    if (i == 0) t.first_call_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  reset_peak_memory();
+  std::vector<double> ms;
+  for (int64_t i = 0; i < steps; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    step();
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  t.median_ms = median_of(ms);
+  t.peak_mib = static_cast<double>(memory_stats().peak) / 1048576.0;
+  return t;
+}
 
 // One JSON line: the median time of an optimizer step (forward, backward, SGD update) of
 // `arch` on a synthetic batch, images per second, and the peak bytes of live tensors
@@ -94,31 +125,38 @@ struct TrainBenchOptions {
 int bench_train(const TrainBenchOptions& o) {
   KILN_CHECK(o.device == "cpu", "kiln-bench train: --device {} is not available yet (no CUDA backend in this build)",
              o.device);
-  KILN_CHECK(o.batch > 0 && o.steps > 0 && o.warmup >= 0 && o.image_size > 0,
-             "kiln-bench train: --batch, --steps and --image-size must be positive");
+  KILN_CHECK(o.batch > 0 && o.steps > 0 && o.warmup >= 1 && o.image_size > 0,
+             "kiln-bench train: --batch, --steps, --warmup and --image-size must be positive");
   manual_seed(0);
   std::shared_ptr<nn::Module> model = train::make_model(o.arch, o.classes, 3, o.image_size);
   optim::SGD sgd(model->parameters(), {.lr = 0.01, .momentum = 0.9, .weight_decay = 5e-5});
   const optim::Accumulation accumulation({.batch = o.batch, .micro_batch = o.micro_batch > 0 ? o.micro_batch : o.batch});
   Tensor x = randn({o.batch, 3, o.image_size, o.image_size});
   Tensor y = randint(0, o.classes, {o.batch});
-  for (int64_t i = 0; i < o.warmup; ++i) train::train_step(*model, sgd, accumulation, x, y, 0.0);
-  reset_peak_memory();
-  std::vector<double> ms;
-  for (int64_t i = 0; i < o.steps; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    train::train_step(*model, sgd, accumulation, x, y, 0.0);
-    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-  }
-  std::sort(ms.begin(), ms.end());
-  const double median = ms.size() % 2 ? ms[ms.size() / 2] : (ms[ms.size() / 2 - 1] + ms[ms.size() / 2]) / 2;
   int64_t parameters = 0;
   for (const Tensor& p : model->parameters()) parameters += p.numel();
-  std::cout << fmt::format(
-      R"({{"bench":"train","mode":"eager","arch":"{}","device":"{}","batch":{},"micro_batch":{},"image_size":{},)"
-      R"("parameters":{},"steps":{},"median_step_ms":{:.1f},"img_per_s":{:.1f},"peak_mib":{:.1f}}})""\n",
-      o.arch, o.device, o.batch, accumulation.options().micro_batch, o.image_size, parameters, o.steps, median,
-      1000.0 * static_cast<double>(o.batch) / median, static_cast<double>(memory_stats().peak) / 1048576.0);
+  auto line = [&](const char* mode, const TrainTiming& t, const std::string& extra) {
+    std::cout << fmt::format(
+        R"({{"bench":"train","mode":"{}","arch":"{}","device":"{}","batch":{},"micro_batch":{},"image_size":{},)"
+        R"("parameters":{},"steps":{},"median_step_ms":{:.1f},"img_per_s":{:.1f},"peak_mib":{:.1f},"first_call_s":{:.2f}{}}})"
+        "\n",
+        mode, o.arch, o.device, o.batch, accumulation.options().micro_batch, o.image_size, parameters, o.steps,
+        t.median_ms, 1000.0 * static_cast<double>(o.batch) / t.median_ms, t.peak_mib, t.first_call_s, extra);
+  };
+  const TrainTiming eager =
+      time_steps([&] { train::train_step(*model, sgd, accumulation, x, y, 0.0); }, o.warmup, o.steps);
+  line("eager", eager, "");
+  if (o.compile) {
+    compiler::CompiledFunction compiled = compiler::compile(train::micro_step_function(model, 0.0));
+    // Two warm-up calls at least: the first traces with .grad undefined, the second with it
+    // defined (accumulation), each a graph of its own.
+    const TrainTiming timed = time_steps(
+        [&] { train::train_step_compiled(compiled, sgd, accumulation, x, y); }, std::max<int64_t>(o.warmup, 2),
+        o.steps);
+    line("compiled", timed,
+         fmt::format(R"(,"graphs":{},"speedup_vs_eager":{:.3f},"peak_ratio_vs_eager":{:.3f})", compiled.cache_size(),
+                     eager.median_ms / timed.median_ms, timed.peak_mib / eager.peak_mib));
+  }
   return 0;
 }
 
@@ -126,6 +164,10 @@ TrainBenchOptions parse_train_options(int argc, char** argv) {
   TrainBenchOptions o;
   for (int i = 2; i < argc; ++i) {
     const std::string option = argv[i];
+    if (option == "--compile") {
+      o.compile = true;
+      continue;
+    }
     KILN_CHECK(i + 1 < argc, "kiln-bench train: {} needs a value", option);
     const std::string value = argv[++i];
     auto number = [&] {
@@ -145,6 +187,7 @@ TrainBenchOptions parse_train_options(int argc, char** argv) {
     else if (option == "--classes") o.classes = number();
     else if (option == "--steps") o.steps = number();
     else if (option == "--warmup") o.warmup = number();
+
     else fail("kiln-bench train: unknown option {}", option);
   }
   return o;
@@ -161,7 +204,8 @@ int main(int argc, char** argv) {
                  "         memcpy, ms of a ResNet-50-sized conv2d; one JSON line each\n"
                  "  train  median step time, img/s and peak memory of training a zoo model on a\n"
                  "         synthetic batch: --arch resnet50 --batch 8 --micro-batch N --image-size 64\n"
-                 "         --classes 1000 --steps 10 --warmup 2 --device cpu\n";
+                 "         --classes 1000 --steps 10 --warmup 2 --device cpu [--compile: compiled too, with\n"
+                 "         the speedup and peak-memory ratios against eager measured in the same run]\n";
     return 2;
   } catch (const Error& e) {
     std::cerr << "kiln-bench: " << e.what() << "\n";

@@ -16,6 +16,8 @@
 
 #include <kiln.h>
 
+#include "compiler/codegen/cpp.h"
+#include "compiler/fusion.h"
 #include "compiler/passes/passes.h"
 #include "tools/trainer.h"
 
@@ -58,12 +60,13 @@ struct ModelOptions {
 };
 
 // The stages kiln-ir can print, in pipeline order.
-const std::vector<std::string> kStages = {"trace", "simplified"};
+const std::vector<std::string> kStages = {"trace", "simplified", "fused", "kernels", "source"};
 
 struct Stages {
   std::vector<std::pair<std::string, std::string>> texts;  // (stage, text)
   compiler::Graph simplified;
   std::vector<compiler::PassRecord> passes;
+  std::vector<compiler::FusionGroup> groups;
 
   const std::string& text(const std::string& stage) const {
     for (const auto& [name, text] : texts)
@@ -99,6 +102,28 @@ Stages build_stages(const ModelOptions& o) {
   s.texts.emplace_back("trace", compiler::print(t.graph));
   s.simplified = compiler::run_pipeline(t.graph, compiler::default_simplify_passes(), &s.passes);
   s.texts.emplace_back("simplified", compiler::print(s.simplified));
+  s.groups = compiler::fuse(s.simplified);
+  std::string fused, kernels, source;
+  int64_t num_kernels = 0, num_eager = 0;
+  for (const compiler::FusionGroup& group : s.groups) {
+    std::string members;
+    for (int32_t n : group.nodes)
+      members += fmt::format(" %{}={}", s.simplified.value_number({n, 0}), s.simplified.nodes()[static_cast<size_t>(n)].op);
+    if (group.is_kernel()) {
+      ++num_kernels;
+      fused += fmt::format("{:<10} {}:{}\n", compiler::kind_name(group.kind), group.kernel.name, members);
+      kernels += compiler::codegen::print(group.kernel) + "\n";
+      source += compiler::codegen::render_cpp(group.kernel) + "\n";
+    } else {
+      num_eager += group.kind == compiler::FusionGroup::eager;
+      fused += fmt::format("{:<10}{}\n", compiler::kind_name(group.kind), members);
+    }
+  }
+  fused += fmt::format("{} steps: {} generated kernels, {} library/eager ops\n", s.groups.size(), num_kernels,
+                       num_eager);
+  s.texts.emplace_back("fused", fused);
+  s.texts.emplace_back("kernels", kernels);
+  s.texts.emplace_back("source", source);
   return s;
 }
 
@@ -132,9 +157,18 @@ std::string diff(const std::string& a_text, const std::string& b_text) {
   return out;
 }
 
-// Graphviz: one box per op node, inputs as ellipses, edges along data flow.
-std::string dot_of(const compiler::Graph& g) {
+// Graphviz: one box per op node, inputs as ellipses, edges along data flow; the nodes of
+// each generated kernel drawn inside a cluster named after it.
+std::string dot_of(const compiler::Graph& g, const std::vector<compiler::FusionGroup>& groups) {
   std::string out = "digraph kiln {\n  rankdir=TB;\n  node [fontname=\"monospace\", fontsize=10];\n";
+  int64_t cluster = 0;
+  for (const compiler::FusionGroup& group : groups) {
+    if (!group.is_kernel()) continue;
+    out += fmt::format("  subgraph cluster_{} {{\n    label=\"{}\"; style=filled; color=\"#dbe9f6\";\n", cluster++,
+                       group.kernel.name);
+    for (int32_t n : group.nodes) out += fmt::format("    n{};\n", n);
+    out += "  }\n";
+  }
   for (size_t n = 0; n < g.nodes().size(); ++n) {
     const compiler::Node& node = g.nodes()[n];
     const compiler::Value v{static_cast<int32_t>(n), 0};
@@ -159,7 +193,7 @@ int model_stages(const ModelOptions& o) {
   if (o.stage == "simplified") std::cout << "\n" << compiler::timing_table(s.passes);
   if (!o.dot_file.empty()) {
     std::ofstream f(o.dot_file);
-    f << dot_of(s.simplified);
+    f << dot_of(s.simplified, s.groups);
     KILN_CHECK(f.good(), "kiln-ir: cannot write {}", o.dot_file);
   }
   return 0;
@@ -204,8 +238,9 @@ void usage(std::ostream& os) {
         "  MODEL   resnet18|resnet34|resnet50|resnet101|resnet152|mlp|cnn: traces one step\n"
         "          (--train: forward, cross entropy and backward; else an inference forward)\n"
         "  STAGE   trace (as recorded) | simplified (after folding, algebra, dead code; with\n"
-        "          the pass timing table)\n"
-        "  --dot   writes the simplified graph for Graphviz\n"
+        "          the pass timing table) | fused (the schedule: kernels and library ops) |\n"
+        "          kernels (kernel IR) | source (generated C++)\n"
+        "  --dot   writes the simplified graph for Graphviz, kernels as clusters\n"
         "  --diff  a line diff of two stages\n"
         "  --ops   list every registered op: kind, devices with a kernel, backward formula\n"
         "(the IR stages of a compiled model arrive with the compiler)\n";

@@ -82,7 +82,8 @@ run:
   --print-every N      steps between progress lines when not on a terminal  [50]
   --cache-dir DIR      where --data shapes is generated  [$KILN_CACHE_DIR or ~/.cache/kiln]
   --device cpu|cuda    [cpu]
-  --compile, --amp, --channels-last   not available yet (later issues)
+  --compile [MODE]     run forward, loss and backward compiled (kiln::compile; MODE: default)
+  --amp, --channels-last   not available yet (later issues)
   --help
 )";
 }
@@ -125,7 +126,7 @@ Config parse_args(int argc, const char* const* argv) {
       {"--cache-dir", [&](auto&, auto& v) { c.cache_dir = v; }},
   };
   const std::map<std::string, bool*> flags = {
-      {"--compile", &c.compile}, {"--amp", &c.amp}, {"--channels-last", &c.channels_last}, {"--resume", &c.resume},
+      {"--amp", &c.amp}, {"--channels-last", &c.channels_last}, {"--resume", &c.resume},
       {"--skip-bad-images", &c.skip_bad_images}};
 
   for (int i = 1; i < argc; ++i) {
@@ -136,6 +137,15 @@ Config parse_args(int argc, const char* const* argv) {
     if (inline_value) {
       value = option.substr(eq + 1);
       option = option.substr(0, eq);
+    }
+    if (option == "--compile") {
+      c.compile = true;
+      // An optional mode: --compile=MODE, or --compile MODE with a mode's name.
+      if (inline_value) c.compile_mode = value;
+      else if (i + 1 < argc && (std::string(argv[i + 1]) == "default" || std::string(argv[i + 1]) == "reduce-overhead" ||
+                                std::string(argv[i + 1]) == "max-autotune"))
+        c.compile_mode = argv[++i];
+      continue;
     }
     if (auto f = flags.find(option); f != flags.end()) {
       KILN_CHECK(!inline_value, "kiln-train: {} takes no value", option);

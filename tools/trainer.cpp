@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <ostream>
 
 #include "core/error.h"
@@ -152,9 +153,10 @@ std::shared_ptr<optim::LRSchedule> make_schedule(const Config& c, int64_t total_
 }
 
 void check_available(const Config& c) {
-  KILN_CHECK(!c.compile,
-             "kiln-train: --compile is not available yet: the compiler (kiln::compile) has not landed; "
-             "train without it (eager)");
+  KILN_CHECK(!c.compile || c.compile_mode == "default",
+             "kiln-train: --compile {} is not available yet (only --compile default; reduce-overhead and "
+             "max-autotune come with the CUDA backend)",
+             c.compile_mode);
   KILN_CHECK(!c.amp, "kiln-train: --amp is not available yet: mixed precision has not landed; train in f32");
   KILN_CHECK(!c.channels_last,
              "kiln-train: --channels-last is not available yet: eager tensors are NCHW only (the compiler's layout "
@@ -237,6 +239,33 @@ StepStats train_step(nn::Module& model, optim::Optimizer& optimizer, const optim
     stats.loss += loss.item<double>() * micro.weight.item<double>();
     NoGradGuard no_grad;
     stats.correct += sum(eq(argmax(logits.detach(), 1), micro.y)).item<int64_t>();
+    stats.samples += micro.size;
+  }
+  optimizer.step();
+  optimizer.zero_grad();
+  return stats;
+}
+
+compiler::TracedFunction micro_step_function(std::shared_ptr<nn::Module> model, double label_smoothing) {
+  const bool flatten_input = dynamic_cast<models::MLP*>(model.get()) != nullptr;
+  return [model, label_smoothing, flatten_input](const std::vector<Tensor>& args) -> std::vector<Tensor> {
+    Tensor logits = (*model)(flatten_input ? args[0].flatten(1) : args[0]);
+    Tensor loss = cross_entropy(logits, args[1], {.label_smoothing = label_smoothing});
+    (loss * args[2].to(loss.dtype())).backward();
+    NoGradGuard no_grad;
+    return {loss.detach(), sum(eq(argmax(logits.detach(), 1), args[1]))};
+  };
+}
+
+StepStats train_step_compiled(compiler::CompiledFunction& compiled, optim::Optimizer& optimizer,
+                              const optim::Accumulation& accumulation, const Tensor& input, const Tensor& target) {
+  StepStats stats;
+  const auto sizes = optim::balanced_sizes(input.size(0), accumulation.options().micro_batch);
+  for (const optim::MicroBatch& micro : accumulation.split(input, target, sizes)) {
+    const std::vector<Tensor> out = compiled({micro.x, micro.y, micro.weight});
+    micro.finish();
+    stats.loss += out[0].item<double>() * micro.weight.item<double>();
+    stats.correct += out[1].item<int64_t>();
     stats.samples += micro.size;
   }
   optimizer.step();
@@ -337,6 +366,13 @@ Result run(const Config& c, std::ostream& out) {
   }
   const optim::Accumulation accumulation({.batch = c.batch, .micro_batch = micro});
   result.micro_batch = micro;
+  std::optional<compiler::CompiledFunction> compiled;
+  if (c.compile) {
+    compiler::CompileOptions options{.mode = c.compile_mode};
+    for (const auto& [name, p] : model->named_parameters()) options.trace.names[p.impl()] = name;
+    for (const auto& [name, b] : model->named_buffers()) options.trace.names[b.impl()] = name;
+    compiled = compiler::compile(micro_step_function(model, c.label_smoothing), options);
+  }
 
   std::ofstream log;
   if (!c.log_file.empty()) {
@@ -347,9 +383,9 @@ Result run(const Config& c, std::ostream& out) {
   if (!c.quiet) {
     out << fmt::format("kiln-train: {} on {}{}\n", c.arch, d.train->describe(),
                        d.val ? fmt::format("; validating on {}", d.val->describe()) : "");
-    out << fmt::format("  {} steps of batch {} (micro-batch {}, {} per step), {} epochs, {} lr {} {}, {} workers\n",
+    out << fmt::format("  {} steps of batch {} (micro-batch {}, {} per step), {} epochs, {} lr {} {}, {} workers, {}\n",
                        total_steps, c.batch, micro, accumulation.steps(c.batch), epochs, c.optimizer, c.lr,
-                       c.lr_schedule, c.workers);
+                       c.lr_schedule, c.workers, c.compile ? "compiled (" + c.compile_mode + ")" : std::string("eager"));
     if (c.resume)
       out << fmt::format("  resumed at step {} (epoch {}, batch {})\n", state.step, state.epoch + 1, state.batch);
   }
@@ -385,7 +421,9 @@ Result run(const Config& c, std::ostream& out) {
     int64_t batch_index = start;
     for (data::Batch& batch : train_loader.epoch(epoch, start)) {
       const auto t0 = Clock::now();
-      const StepStats s = train_step(*model, *optimizer, accumulation, batch.input, batch.target, c.label_smoothing);
+      const StepStats s =
+          compiled ? train_step_compiled(*compiled, *optimizer, accumulation, batch.input, batch.target)
+                   : train_step(*model, *optimizer, accumulation, batch.input, batch.target, c.label_smoothing);
       const double lr = optimizer->param_groups().front().lr();
       scheduler.step();
       ++step;
@@ -456,6 +494,8 @@ Result run(const Config& c, std::ostream& out) {
     write_plot(plot, result.step_losses, result.epochs, fmt::format("kiln-train {} on {}", c.arch, c.data));
     if (!c.quiet) out << "plot: " << plot.string() << '\n';
   }
+  if (compiled && !c.quiet)
+    out << fmt::format("compiled: {} graphs ({} recompiles)\n", compiled->cache_size(), compiled->recompiles());
   result.steps = step;
   result.model = model->state_dict();
   return result;

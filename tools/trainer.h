@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "compiler/compile.h"
 #include "data/dataset.h"
 #include "models/module.h"
 #include "models/state_dict.h"
@@ -43,7 +44,8 @@ struct Config {
   int64_t workers = 2;
   bool skip_bad_images = false;  // skip and count unreadable images instead of stopping
   std::string device = "cpu";
-  bool compile = false;
+  bool compile = false;                 // run each micro-step (forward, loss, backward) compiled
+  std::string compile_mode = "default";  // kiln::compile's mode
   bool amp = false;
   bool channels_last = false;
   uint64_t seed = 0;
@@ -89,8 +91,8 @@ struct Result {
 };
 
 // Trains as the config says, writing progress to `out`. Throws kiln::Error for bad
-// configurations and for features that are not available yet (--compile, --amp,
-// --channels-last, --device cuda without a GPU build).
+// configurations and for features that are not available yet (--amp, --channels-last,
+// --device cuda without a GPU build, compile modes other than default).
 Result run(const Config& config, std::ostream& out);
 
 // Asks a running run() to stop after the current optimizer step and save a checkpoint
@@ -114,6 +116,14 @@ struct StepStats {
 };
 StepStats train_step(nn::Module& model, optim::Optimizer& optimizer, const optim::Accumulation& accumulation,
                      const Tensor& input, const Tensor& target, double label_smoothing);
+
+// The micro-step as a function kiln::compile can trace: args {input, target, weight (0-d
+// f64)} -> {loss (0-d, the micro-batch's mean), correct (0-d i64)}; it runs backward() on
+// loss * weight, accumulating into the parameters' .grad.
+compiler::TracedFunction micro_step_function(std::shared_ptr<nn::Module> model, double label_smoothing);
+// train_step with each micro-step run by `compiled` (made from micro_step_function).
+StepStats train_step_compiled(compiler::CompiledFunction& compiled, optim::Optimizer& optimizer,
+                              const optim::Accumulation& accumulation, const Tensor& input, const Tensor& target);
 
 // Peak bytes of one forward and backward of `micro_batch` samples shaped `sample_shape`
 // (model state and gradients are restored afterwards), for choose_micro_batch.

@@ -79,6 +79,12 @@ TEST_CASE("train args: values flags and sizes", "[trainer]") {
   CHECK(parse({"--memory-budget", "1000000"}).memory_budget == 1000000);
   const train::Config later = parse({"--compile", "--amp", "--channels-last"});
   CHECK(later.compile);
+  CHECK(later.compile_mode == "default");
+  const train::Config moded = parse({"--compile", "default", "--epochs", "2"});
+  CHECK(moded.compile);
+  CHECK(moded.epochs == 2);
+  CHECK(parse({"--compile=max-autotune"}).compile_mode == "max-autotune");
+  CHECK(parse({"--compile", "--epochs", "3"}).epochs == 3);  // no mode: the next option is not eaten
   CHECK(later.amp);
   CHECK(later.channels_last);
   CHECK_FALSE(later.skip_bad_images);

@@ -420,7 +420,10 @@ TEST_CASE("trainer: micro-batch auto picks the largest micro-batch that fits the
 
 TEST_CASE("trainer: features of later issues say they are not available yet", "[trainer]") {
   train::Config c = small_cnn();
-  SECTION("compile") { c.compile = true; }
+  SECTION("compile modes other than default") {
+    c.compile = true;
+    c.compile_mode = "reduce-overhead";
+  }
   SECTION("amp") { c.amp = true; }
   SECTION("channels last") { c.channels_last = true; }
   SECTION("cuda") { c.device = "cuda"; }
@@ -518,4 +521,23 @@ TEST_CASE("trainer: a corrupt image stops the run naming it or is skipped and co
   const train::Result result = run(c);
   CHECK(result.skipped == 1);
   CHECK(result.steps == 3);
+}
+
+TEST_CASE("trainer: --compile trains like eager", "[trainer]") {
+  // The micro-steps run as generated code (kiln::compile); the optimizer step stays eager.
+  // Kernels compute what the eager ops compute, so the runs agree to float rounding
+  // (tolerance 1e-5 relative on the losses, 1e-4 on the weights after 10 steps).
+  train::Config c = small_cnn();
+  const train::Result eager = run(c);
+  c.compile = true;
+  const train::Result compiled = run(c);
+  REQUIRE(compiled.step_losses.size() == eager.step_losses.size());
+  for (size_t i = 0; i < eager.step_losses.size(); ++i)
+    CHECK(compiled.step_losses[i] == Approx(eager.step_losses[i]).epsilon(1e-5));
+  for (const auto& [name, t] : eager.model) {
+    INFO(name);
+    KILN_CHECK_CLOSE(compiled.model.at(name), t, 1e-4, 1e-5);
+  }
+  c.compile_mode = "max-autotune";
+  REQUIRE_THROWS_WITH(run(c), Contains("not available yet"));
 }
