@@ -209,7 +209,7 @@ void install_backend(Trace& t, const CompileOptions& options) {
   if (dump) dump_file(options.dump_dir, number, "trace.ir", print(t.graph));
   if (options.backend == "interpreter") return;
   std::vector<PassRecord> records;
-  Graph optimized = run_pipeline(t.graph, default_simplify_passes(), &records, false);
+  Graph optimized = run_pipeline(t.graph, default_compile_passes(), &records, false);
   if (dump) {
     dump_file(options.dump_dir, number, "simplified.ir", print(optimized));
     dump_file(options.dump_dir, number, "passes.txt", timing_table(records));

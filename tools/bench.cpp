@@ -2,6 +2,7 @@
 // prints one JSON line each.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <iostream>
@@ -160,6 +161,137 @@ int bench_train(const TrainBenchOptions& o) {
   return 0;
 }
 
+struct MlpBlockOptions {
+  int64_t batch = 256, width = 1024, hidden = 0, steps = 10, warmup = 2;  // hidden 0: 4 * width
+  bool describe = false;  // print the compiled program's steps (stderr)
+};
+
+// The parameters of y = x + fc2(gelu(fc1(layer_norm(x)))), and its training step: forward,
+// the loss mean(y^2), backward (the gradients become the parameters' .grad).
+struct MlpBlock {
+  Tensor ln_weight, ln_bias, fc1_weight, fc1_bias, fc2_weight, fc2_bias;
+  MlpBlock(int64_t width, int64_t hidden) {
+    auto param = [](Tensor t) {
+      t.requires_grad_(true);
+      return t;
+    };
+    const double s1 = 1.0 / std::sqrt(static_cast<double>(width)), s2 = 1.0 / std::sqrt(static_cast<double>(hidden));
+    ln_weight = param(ones({width}) + randn({width}) * 0.1);
+    ln_bias = param(randn({width}) * 0.1);
+    fc1_weight = param(randn({hidden, width}) * s1);
+    fc1_bias = param(randn({hidden}) * 0.1);
+    fc2_weight = param(randn({width, hidden}) * s2);
+    fc2_bias = param(randn({width}) * 0.1);
+  }
+  std::vector<Tensor> parameters() const { return {ln_weight, ln_bias, fc1_weight, fc1_bias, fc2_weight, fc2_bias}; }
+  Tensor forward(const Tensor& x) const {
+    const Tensor h = layer_norm(x, {x.size(-1)}, ln_weight, ln_bias, 1e-5);
+    const Tensor a = gelu(matmul(h, fc1_weight.t()) + fc1_bias);
+    return x + (matmul(a, fc2_weight.t()) + fc2_bias);
+  }
+  std::vector<Tensor> step(const std::vector<Tensor>& args) const {
+    const Tensor y = forward(args[0]);
+    Tensor loss = mean(y * y);
+    loss.backward();
+    return {loss.detach()};
+  }
+  void clear_grads() const {
+    for (const Tensor& p : parameters()) p.set_grad(Tensor());
+  }
+};
+
+// One JSON line per mode (eager, compiled): the median time of the block's training step on
+// one batch, and the peak bytes of live tensors, with the compiled step's speedup.
+int bench_mlp_block(const MlpBlockOptions& o) {
+  KILN_CHECK(o.batch > 0 && o.width > 0 && o.hidden >= 0 && o.steps > 0 && o.warmup >= 1,
+             "kiln-bench mlp-block: --batch, --width, --steps and --warmup must be positive");
+  manual_seed(0);
+  const int64_t hidden = o.hidden > 0 ? o.hidden : 4 * o.width;
+  const MlpBlock block(o.width, hidden);
+  const Tensor x = randn({o.batch, o.width});
+  auto line = [&](const char* mode, const TrainTiming& t, const std::string& extra) {
+    std::cout << fmt::format(
+        R"({{"bench":"mlp-block","mode":"{}","batch":{},"width":{},"hidden":{},"steps":{},"median_step_ms":{:.2f},)"
+        R"("peak_mib":{:.1f},"first_call_s":{:.2f}{}}})" "\n",
+        mode, o.batch, o.width, hidden, o.steps, t.median_ms, t.peak_mib, t.first_call_s, extra);
+  };
+  compiler::CompiledFunction compiled =
+      compiler::compile([&block](const std::vector<Tensor>& args) { return block.step(args); });
+  auto eager_step = [&] {
+    block.clear_grads();
+    block.step({x});
+  };
+  auto compiled_step = [&] {
+    block.clear_grads();
+    compiled({x});
+  };
+  // The two steps alternate, so that both see the same load on a shared machine; each peak
+  // is measured over a run of its own steps.
+  TrainTiming eager, timed;
+  auto seconds_of = [](const std::function<void()>& f) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  eager.first_call_s = seconds_of(eager_step);
+  timed.first_call_s = seconds_of(compiled_step);
+  for (int64_t i = 1; i < o.warmup; ++i) {
+    eager_step();
+    compiled_step();
+  }
+  std::vector<double> eager_ms, compiled_ms;
+  for (int64_t i = 0; i < o.steps; ++i) {
+    eager_ms.push_back(1e3 * seconds_of(eager_step));
+    compiled_ms.push_back(1e3 * seconds_of(compiled_step));
+  }
+  eager.median_ms = median_of(eager_ms);
+  timed.median_ms = median_of(compiled_ms);
+  eager.peak_mib = time_steps(eager_step, 1, 1).peak_mib;
+  timed.peak_mib = time_steps(compiled_step, 1, 1).peak_mib;
+  line("eager", eager, "");
+  std::vector<Tensor> grads;
+  for (const Tensor& p : block.parameters()) grads.push_back(p.grad());
+  block.clear_grads();
+  block.step({x});
+  double max_error = 0;
+  for (size_t i = 0; i < grads.size(); ++i)
+    max_error = std::max(max_error, max(abs(grads[i] - block.parameters()[i].grad())).item<double>());
+  line("compiled", timed,
+       fmt::format(R"(,"speedup_vs_eager":{:.3f},"peak_ratio_vs_eager":{:.3f},"max_grad_diff":{:.3g})",
+                   eager.median_ms / timed.median_ms, timed.peak_mib / eager.peak_mib, max_error));
+  if (o.describe)
+    for (const compiler::Trace* t : compiled.traces()) std::cerr << compiler::print(t->graph);
+  return 0;
+}
+
+MlpBlockOptions parse_mlp_block_options(int argc, char** argv) {
+  MlpBlockOptions o;
+  for (int i = 2; i < argc; ++i) {
+    const std::string option = argv[i];
+    if (option == "--describe") {
+      o.describe = true;
+      continue;
+    }
+    KILN_CHECK(i + 1 < argc, "kiln-bench mlp-block: {} needs a value", option);
+    const std::string value = argv[++i];
+    int64_t v = 0;
+    try {
+      size_t used = 0;
+      v = std::stoll(value, &used);
+      KILN_CHECK(used == value.size(), "");
+    } catch (const std::exception&) {
+      fail("kiln-bench mlp-block: {} {}: expected an integer", option, value);
+    }
+    if (option == "--batch") o.batch = v;
+    else if (option == "--width") o.width = v;
+    else if (option == "--hidden") o.hidden = v;
+    else if (option == "--steps") o.steps = v;
+    else if (option == "--warmup") o.warmup = v;
+    else fail("kiln-bench mlp-block: unknown option {}", option);
+  }
+  return o;
+}
+
 TrainBenchOptions parse_train_options(int argc, char** argv) {
   TrainBenchOptions o;
   for (int i = 2; i < argc; ++i) {
@@ -199,13 +331,17 @@ int main(int argc, char** argv) {
   try {
     if (argc == 2 && std::strcmp(argv[1], "ops") == 0) return bench_ops();
     if (argc >= 2 && std::strcmp(argv[1], "train") == 0) return bench_train(parse_train_options(argc, argv));
-    std::cerr << "usage: kiln-bench ops | train [options]\n"
+    if (argc >= 2 && std::strcmp(argv[1], "mlp-block") == 0) return bench_mlp_block(parse_mlp_block_options(argc, argv));
+    std::cerr << "usage: kiln-bench ops | train [options] | mlp-block [options]\n"
                  "  ops    GFLOP/s of a 1024^3 f32 matmul, GB/s of a 64M-element add against\n"
                  "         memcpy, ms of a ResNet-50-sized conv2d; one JSON line each\n"
                  "  train  median step time, img/s and peak memory of training a zoo model on a\n"
                  "         synthetic batch: --arch resnet50 --batch 8 --micro-batch N --image-size 64\n"
                  "         --classes 1000 --steps 10 --warmup 2 --device cpu [--compile: compiled too, with\n"
-                 "         the speedup and peak-memory ratios against eager measured in the same run]\n";
+                 "         the speedup and peak-memory ratios against eager measured in the same run]\n"
+                 "  mlp-block  eager against compiled training step (forward, loss mean(y^2), backward) of\n"
+                 "         y = x + fc2(gelu(fc1(layer_norm(x)))): --batch 256 --width 1024 --hidden 4*width\n"
+                 "         --steps 10 --warmup 2 [--describe: the traced graph on stderr; KILN_DUMP=DIR: every stage]\n";
     return 2;
   } catch (const Error& e) {
     std::cerr << "kiln-bench: " << e.what() << "\n";

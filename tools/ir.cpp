@@ -100,7 +100,7 @@ Stages build_stages(const ModelOptions& o) {
   const compiler::Trace t = compiler::trace(step, {x, y}, names);
   Stages s;
   s.texts.emplace_back("trace", compiler::print(t.graph));
-  s.simplified = compiler::run_pipeline(t.graph, compiler::default_simplify_passes(), &s.passes);
+  s.simplified = compiler::run_pipeline(t.graph, compiler::default_compile_passes(), &s.passes);
   s.texts.emplace_back("simplified", compiler::print(s.simplified));
   s.groups = compiler::fuse(s.simplified);
   std::string fused, kernels, source;

@@ -35,6 +35,16 @@ const std::vector<Rule>& fold_rules();
 Graph simplify(const Graph& graph, RewriteLog* log = nullptr);
 const std::vector<Rule>& simplify_rules();
 
+// Rewrites ops that codegen cannot fuse into reductions and elementwise ops that it can, on
+// the CPU (where generated kernels run), computing what the eager kernel computes (its f64
+// statistics, its compute type): layer_norm into two row reductions (mean, then the mean of
+// squared deviations) and elementwise work, keeping its saved mean and rstd outputs;
+// layer_norm_backward into row sums (dw, db), row means and elementwise work, so that the
+// parts no one reads (dx when the input needs no gradient) vanish with dead_code. Logs one
+// line per op rewritten.
+Graph decompose(const Graph& graph, RewriteLog* log = nullptr);
+const std::vector<Rule>& decompose_rules();
+
 using PassFn = std::function<Graph(const Graph&, RewriteLog*)>;
 struct NamedPass {
   std::string name;
@@ -58,6 +68,8 @@ Graph run_pipeline(const Graph& graph, const std::vector<NamedPass>& passes,
 
 // {fold_constants, simplify, dead_code}.
 std::vector<NamedPass> default_simplify_passes();
+// What kiln::compile runs before fusion: {fold_constants, simplify, decompose, dead_code}.
+std::vector<NamedPass> default_compile_passes();
 
 // An aligned table: pass, ms, nodes before -> after, rewrites; then a total line.
 std::string timing_table(const std::vector<PassRecord>& records);

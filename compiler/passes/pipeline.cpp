@@ -37,6 +37,10 @@ std::vector<NamedPass> default_simplify_passes() {
   return {{"fold_constants", fold_constants}, {"simplify", simplify}, {"dead_code", dead_code}};
 }
 
+std::vector<NamedPass> default_compile_passes() {
+  return {{"fold_constants", fold_constants}, {"simplify", simplify}, {"decompose", decompose}, {"dead_code", dead_code}};
+}
+
 std::string timing_table(const std::vector<PassRecord>& records) {
   size_t name_width = 5;  // "total"
   for (const PassRecord& r : records) name_width = std::max(name_width, r.name.size());
