@@ -127,6 +127,7 @@ struct Entry {
   std::vector<TensorGuard> captured;  // guards of the captured tensors
   std::vector<int64_t> aliases;       // alias_pattern over the graph inputs' tensors
   bool eager() const { return trace.broken(); }
+  std::shared_ptr<Program> program;  // the generated backend's program, when used
 
   // Empty when the captured tensors pass the guards, else what changed.
   std::string captured_change(const std::vector<Tensor>& args) const {
@@ -203,11 +204,11 @@ std::vector<bool> outputs_to_copy(const Graph& traced, const Graph& optimized) {
 
 // Installs the backend's runner in `t` (the interpreter needs none) and writes the dumps of
 // each stage when `dump_dir` is set.
-void install_backend(Trace& t, const CompileOptions& options) {
+std::shared_ptr<Program> install_backend(Trace& t, const CompileOptions& options) {
   const bool dump = !options.dump_dir.empty();
   const int64_t number = dump ? dumped_graphs++ : 0;
   if (dump) dump_file(options.dump_dir, number, "trace.ir", print(t.graph));
-  if (options.backend == "interpreter") return;
+  if (options.backend == "interpreter") return nullptr;
   std::vector<PassRecord> records;
   Graph optimized = run_pipeline(t.graph, default_compile_passes(), &records, false);
   if (dump) {
@@ -215,7 +216,9 @@ void install_backend(Trace& t, const CompileOptions& options) {
     dump_file(options.dump_dir, number, "passes.txt", timing_table(records));
   }
   const std::vector<bool> copy = outputs_to_copy(t.graph, optimized);
-  auto program = std::make_shared<const Program>(std::move(optimized));
+  auto program = std::make_shared<Program>(std::move(optimized));
+  const char* env = std::getenv("KILN_PROFILE");
+  if (options.profile || (env && std::string(env) == "1")) program->set_profiling(true);
   if (dump) {
     dump_file(options.dump_dir, number, "fused.txt", program->describe());
     dump_file(options.dump_dir, number, "kernels.txt", program->kernels_text());
@@ -227,6 +230,7 @@ void install_backend(Trace& t, const CompileOptions& options) {
       if (copy[i] && outputs[i].defined()) outputs[i] = outputs[i].clone();
     return outputs;
   };
+  return program;
 }
 
 const char* role_name(InputRole role) {
@@ -321,7 +325,7 @@ std::vector<Tensor> CompiledFunction::operator()(const std::vector<Tensor>& args
       entry.captured.push_back(std::move(g));
     }
     entry.aliases = alias_pattern(inputs);
-    install_backend(t, s.options);
+    entry.program = install_backend(t, s.options);
   }
   std::vector<Tensor> results = t.results;
   const bool first = s.entries.empty();
@@ -357,6 +361,18 @@ std::vector<const Trace*> CompiledFunction::traces() const {
   std::vector<const Trace*> out;
   if (state_)
     for (const Entry& e : state_->entries) out.push_back(&e.trace);
+  return out;
+}
+
+std::string CompiledFunction::profile() const {
+  std::string out;
+  if (!state_) return out;
+  for (size_t i = 0; i < state_->entries.size(); ++i) {
+    const Entry& e = state_->entries[i];
+    if (!e.program) continue;
+    out += fmt::format("graph {} ({} steps, {} kernels):\n{}", i, e.program->num_steps(), e.program->num_kernels(),
+                       e.program->profile());
+  }
   return out;
 }
 

@@ -74,6 +74,9 @@ struct CompileOptions {
   int64_t recompile_limit = 8;
   // Names for captured tensors (model.named_parameters(), ...), used in graphs and messages.
   TraceOptions trace;
+  // Time every step of the generated programs (see CompiledFunction::profile); also on when
+  // the environment sets KILN_PROFILE=1.
+  bool profile = false;
 };
 
 class CompiledFunction {
@@ -92,6 +95,9 @@ class CompiledFunction {
   std::string warning() const;
   // The graphs of the cached entries, in cache order (broken entries hold an empty graph).
   std::vector<const Trace*> traces() const;
+  // With CompileOptions::profile: per cached graph, where a replay's time goes (per kernel
+  // and library op; Program::profile).
+  std::string profile() const;
 
  private:
   friend CompiledFunction compile(TracedFunction fn, CompileOptions options);

@@ -5,6 +5,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
+#include <map>
 #include <cstddef>
 #include <limits>
 #include <unordered_map>
@@ -110,6 +112,19 @@ std::vector<Tensor> Program::run(const std::vector<Tensor>& inputs) const {
   };
 
   NoGradGuard no_grad;
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point step_start;
+  // Adds the time since step_start to step s (profiling only).
+  auto clock_step = [&](size_t s) {
+    if (!profiling_) return;
+    const Clock::time_point now = Clock::now();
+    step_ms_[s] += std::chrono::duration<double, std::milli>(now - step_start).count();
+    step_start = now;
+  };
+  if (profiling_) {
+    ++profiled_runs_;
+    step_start = Clock::now();
+  }
   for (size_t s = 0; s < steps_.size(); ++s) {
     const FusionGroup& step = steps_[s];
     if (!step.is_kernel()) {
@@ -124,6 +139,7 @@ std::vector<Tensor> Program::run(const std::vector<Tensor>& inputs) const {
       KILN_CHECK(out.size() == node.outputs.size(), "Program::run: {} made {} outputs, the graph says {}",
                  node.op, out.size(), node.outputs.size());
       for (int32_t r : release_after_[s]) values[static_cast<size_t>(r)].clear();
+      clock_step(s);
       continue;
     }
     const codegen::Kernel& kernel = step.kernel;
@@ -145,6 +161,7 @@ std::vector<Tensor> Program::run(const std::vector<Tensor>& inputs) const {
     kernel_inputs.clear();
     kernel_outputs.clear();
     for (int32_t n : release_after_[s]) values[static_cast<size_t>(n)].clear();
+    clock_step(s);
   }
 
   // As interpret(): every write-back reads the values as they were before any is written,
@@ -173,6 +190,44 @@ std::vector<Tensor> Program::run(const std::vector<Tensor>& inputs) const {
     outputs.push_back(out);
   }
   return outputs;
+}
+
+void Program::set_profiling(bool on) {
+  profiling_ = on;
+  step_ms_.assign(steps_.size(), 0.0);
+  profiled_runs_ = 0;
+}
+
+std::string Program::profile() const {
+  if (profiled_runs_ == 0) return "no profiled runs (Program::set_profiling(true), or KILN_PROFILE=1)\n";
+  // Steps with the same label (a kernel's name, or the library op) are summed: the table
+  // says where the time goes by kind of work, as a profiler's flat view would.
+  struct Row {
+    double ms = 0;
+    int64_t steps = 0;
+  };
+  std::map<std::string, Row> rows;
+  double total = 0;
+  for (size_t s = 0; s < steps_.size(); ++s) {
+    const FusionGroup& step = steps_[s];
+    const std::string label = step.is_kernel()
+                                  ? fmt::format("kernel {}", step.kernel.name)
+                                  : fmt::format("{} {}", kind_name(step.kind),
+                                                graph_.nodes()[static_cast<size_t>(step.nodes.at(0))].op);
+    Row& row = rows[label];
+    row.ms += step_ms_[s] / static_cast<double>(profiled_runs_);
+    ++row.steps;
+    total += step_ms_[s] / static_cast<double>(profiled_runs_);
+  }
+  std::vector<std::pair<std::string, Row>> sorted(rows.begin(), rows.end());
+  std::sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
+  std::string out = fmt::format("{:<40} {:>10} {:>7} {:>6}\n", "step (per run)", "ms", "%", "steps");
+  for (const auto& [label, row] : sorted)
+    out += fmt::format("{:<40} {:>10.3f} {:>6.1f}% {:>6}\n", label, row.ms, total > 0 ? 100 * row.ms / total : 0.0,
+                       row.steps);
+  out += fmt::format("{:<40} {:>10.3f} {:>6.1f}% {:>6}   ({} runs)\n", "total", total, 100.0, steps_.size(),
+                     profiled_runs_);
+  return out;
 }
 
 std::string Program::kernel_name(int64_t k) const {

@@ -49,6 +49,12 @@ class Program {
   // One line per step: kernels with their kind, space and nodes, eager ops, views.
   std::string describe() const;
 
+  // Profiling: when on, run() times every step (with a clock read per step, so leave it
+  // off when not looking). profile() is a table of where a run's time goes, per kernel and
+  // per library op, averaged over the runs since profiling was turned on.
+  void set_profiling(bool on);
+  std::string profile() const;
+
  private:
   void plan_releases();
   struct KernelStep {
@@ -63,6 +69,9 @@ class Program {
   // after it so that their memory goes back to the allocator (the peak follows liveness).
   std::vector<std::vector<int32_t>> release_after_;
   std::vector<KernelStep> kernels_;
+  bool profiling_ = false;
+  mutable std::vector<double> step_ms_;  // per step: total milliseconds while profiling
+  mutable int64_t profiled_runs_ = 0;
 };
 
 }  // namespace kiln::compiler

@@ -88,6 +88,7 @@ struct TrainBenchOptions {
   std::string device = "cpu";
   int64_t batch = 8, micro_batch = 0, image_size = 64, classes = 1000, steps = 10, warmup = 2;
   bool compile = false;  // also time the compiled step, in the same run
+  bool profile = false;  // print where the compiled step's time goes (to stderr)
 };
 
 struct TrainTiming {
@@ -148,7 +149,8 @@ int bench_train(const TrainBenchOptions& o) {
       time_steps([&] { train::train_step(*model, sgd, accumulation, x, y, 0.0); }, o.warmup, o.steps);
   line("eager", eager, "");
   if (o.compile) {
-    compiler::CompiledFunction compiled = compiler::compile(train::micro_step_function(model, 0.0));
+    compiler::CompiledFunction compiled =
+        compiler::compile(train::micro_step_function(model, 0.0), {.profile = o.profile});
     // Two warm-up calls at least: the first traces with .grad undefined, the second with it
     // defined (accumulation), each a graph of its own.
     const TrainTiming timed = time_steps(
@@ -157,6 +159,7 @@ int bench_train(const TrainBenchOptions& o) {
     line("compiled", timed,
          fmt::format(R"(,"graphs":{},"speedup_vs_eager":{:.3f},"peak_ratio_vs_eager":{:.3f})", compiled.cache_size(),
                      eager.median_ms / timed.median_ms, timed.peak_mib / eager.peak_mib));
+    if (o.profile) std::cerr << compiled.profile();
   }
   return 0;
 }
@@ -296,8 +299,8 @@ TrainBenchOptions parse_train_options(int argc, char** argv) {
   TrainBenchOptions o;
   for (int i = 2; i < argc; ++i) {
     const std::string option = argv[i];
-    if (option == "--compile") {
-      o.compile = true;
+    if (option == "--compile" || option == "--profile") {
+      (option == "--compile" ? o.compile : o.profile) = true;
       continue;
     }
     KILN_CHECK(i + 1 < argc, "kiln-bench train: {} needs a value", option);
