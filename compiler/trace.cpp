@@ -159,6 +159,7 @@ class Tracer {
                "(not supported yet)",
                op.name);
     if (updates_running_stats(call)) return record_batch_norm_training(call);
+    if (const char* pure = pure_twin_of(op.name)) return record_update_in_place(call, pure);
     refuse_mutation(call);
     const Tensor* target = call.inplace ? &call.outputs[0] : nullptr;
     if (target)
@@ -278,6 +279,77 @@ class Tracer {
       if (stat_input.defined()) trace_.graph.add_write_back(stat_input, updated[k]);
     }
     record_outputs(call, outs);
+  }
+
+  // Ops whose kernel writes their mutated inputs with no outputs of their own (an
+  // optimizer's per-parameter update), and the pure op that returns the new values of the
+  // given mutated inputs, in input order, from the same inputs.
+  static const char* pure_twin_of(const std::string& op) {
+    if (op == "sgd_update_") return "sgd_update";
+    if (op == "adamw_update_") return "adamw_update";
+    return nullptr;
+  }
+
+  // Recorded as the pure twin over the same inputs, then its results as the new content of
+  // the tensors the kernel wrote: write-backs into the graph inputs they are (a parameter,
+  // its optimizer state). A written tensor the traced function made itself is refused: it
+  // escapes the function (optimizer state made by the optimizer's first step, say), so the
+  // graph could neither read it at replay nor write it back.
+  void record_update_in_place(const OpCall& call, const char* pure) {
+    const OpDef& op = call.op;
+    std::vector<const Tensor*> targets;
+    Written written;
+    for (int i : op.mutated_inputs) {
+      const Tensor& t = call.inputs[static_cast<size_t>(i)];
+      if (!t.defined()) continue;
+      KILN_CHECK(!t.impl()->view_base,
+                 "trace: {} updates a tensor that is a view ({}) of another tensor (not "
+                 "supported yet)",
+                 op.name, t.meta_str());
+      KILN_CHECK(written.insert(t.storage().get()).second,
+                 "trace: {} updates two tensors that share memory ({})", op.name, t.meta_str());
+      targets.push_back(&t);
+    }
+    std::vector<Value> inputs;
+    inputs.reserve(call.inputs.size());
+    for (const Tensor& t : call.inputs) inputs.push_back(value_of(t, op.name, written));
+    std::vector<Value> target_inputs;
+    for (const Tensor* t : targets) {
+      const Value input = input_of(*t);
+      KILN_CHECK(input.defined(),
+                 "trace: {} updates a tensor ({}) that the traced function made itself, which "
+                 "outlives it (optimizer state made by a first step?): run the optimizer's first "
+                 "step eagerly before tracing or compiling the training step",
+                 op.name, t->meta_str());
+      target_inputs.push_back(input);
+    }
+    const std::vector<Value> updated = trace_.graph.add_op(pure, std::move(inputs), call.attrs, op.name);
+    KILN_CHECK(updated.size() == targets.size(),
+               "trace: {} made {} results for the {} tensors {} writes", pure, updated.size(),
+               targets.size(), op.name);
+    for (const StorageImpl* storage : written) {
+      StorageState& state = storages_.at(storage);
+      if (const std::shared_ptr<StorageImpl> alive = state.storage.lock())
+        state.expected = alive->version.load();
+    }
+    for (size_t k = 0; k < targets.size(); ++k) {
+      const Tensor& t = *targets[k];
+      check_type(updated[k], t, op.name);
+      remember(t, updated[k], version_of(t), target_inputs[k]);
+      trace_.graph.add_write_back(target_inputs[k], updated[k]);
+    }
+  }
+
+  // The graph input whose tensor reads the same memory as t (which value_of made known);
+  // none for a tensor the traced function made. The known entry may say none for an input's
+  // memory when a view op's result lands on the same view (permute of a permute).
+  Value input_of(const Tensor& t) {
+    if (const Known* k = find(t); k && k->input.defined()) return k->input;
+    const ViewKey key = ViewKey::of(t);
+    for (size_t i = 0; i < inputs_.size(); ++i)
+      if (inputs_[i].storage() == t.storage() && ViewKey::of(inputs_[i]) == key)
+        return trace_.graph.inputs()[i];
+    return {};
   }
 
   // Ops that write inputs in place outside an in-place call: refused when they would write

@@ -87,18 +87,18 @@ void Optimizer::step() {
                  name_, g.meta_str(), p.meta_str());
       KILN_CHECK(p.device().is_cpu(), "{}.step: runs on CPU parameters, got {}", name_,
                  p.meta_str());
-      // The update writes through raw pointers: both must be contiguous, of one dtype.
+      // The update ops write flat, in place: both must be contiguous, of one dtype.
       grads.push_back(g.to(p.dtype()).contiguous().detach());
       params.push_back(p.is_contiguous() ? p.detach() : p.contiguous().detach());
       originals.push_back(p);
       states.push_back(&state_[p.impl()]);
     }
     if (params.empty()) continue;
+    // The update ops bump the versions of what they write; a parameter updated through a
+    // contiguous copy gets the result by copy_ (which bumps its version too).
     step_group(group, params, grads, states);
-    for (size_t i = 0; i < params.size(); ++i) {
+    for (size_t i = 0; i < params.size(); ++i)
       if (!originals[i].is_contiguous()) originals[i].detach().copy_(params[i]);
-      bump_version(originals[i]);
-    }
   }
 }
 

@@ -3,6 +3,7 @@
 // unreachable. Every compute op also has a CPU kernel.
 #include <set>
 
+#include "core/ops/optim_ops.h"
 #include "testing.h"
 
 using namespace kiln;
@@ -137,6 +138,14 @@ TEST_CASE("the op hook sees every registered op", "[hook][registry]") {
     stack({m, m});
     pad(m, {1, 1});
     dropout(m, 0.5);
+
+    // optimizer updates
+    Tensor p = zeros({3}), h = scalar_tensor(0.1, DType::f64);
+    sgd_update_(p, ones({3}), zeros({3}), {h, h, h, h}, {});
+    sgd_update(p, ones({3}), zeros({3}), {h, h, h, h}, {});
+    const AdamWState adam_state{zeros({3}), zeros({3}), {}, scalar_tensor(1.0, DType::f64)};
+    adamw_update_(p, ones({3}), adam_state, {h, h, h, h, h}, {});
+    adamw_update(p, ones({3}), adam_state, {h, h, h, h, h}, {});
   }
   std::set<std::string> missing;
   for (const OpDef* op : all_ops())

@@ -1,0 +1,80 @@
+#pragma once
+// The optimizers' per-parameter updates as registry ops, so that a traced training step
+// sees them (compiler/trace.h records an in-place update as its pure twin plus
+// write-backs). Hyperparameters are 0-d tensors (any floating dtype, read as f64 when the
+// kernel runs): a schedule that writes a new value into the same tensor is seen by a
+// compiled step without recompiling. Flags that never change (nesterov, maximize, amsgrad)
+// are attributes.
+//
+// Ops (inputs in order; "?" marks an optional input, undefined when absent):
+//   sgd_update_(param, grad, momentum_buffer?, lr, momentum, dampening, weight_decay)
+//       {nesterov, maximize, first}: writes param and momentum_buffer in place; no outputs.
+//   sgd_update(same inputs) -> (new_param, new_momentum_buffer if one was given)
+//   adamw_update_(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq?, step, lr, beta1,
+//       beta2, eps, weight_decay) {amsgrad, maximize}: writes param, exp_avg, exp_avg_sq
+//       and max_exp_avg_sq in place; no outputs.
+//   adamw_update(same inputs) -> (new_param, new_exp_avg, new_exp_avg_sq,
+//       new_max_exp_avg_sq if one was given)
+// Param, grad and state tensors are f32 or f64 CPU tensors of one dtype and shape; the
+// in-place forms need param and state contiguous. Each pure op computes, element for
+// element, exactly what its in-place form writes (one shared loop).
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace kiln {
+
+struct SGDHyper {
+  Tensor lr, momentum, dampening, weight_decay;  // 0-d
+};
+struct SGDFlags {
+  bool nesterov = false;
+  bool maximize = false;
+  // The momentum buffer is new: it takes the (decayed) gradient as it is, whatever it held.
+  bool first = false;
+};
+
+// Per element: d = grad (negated when maximize) + weight_decay * param; with a momentum
+// buffer, buf = d (first) or momentum * buf + (1 - dampening) * d, then d = d + momentum *
+// buf (nesterov) or buf; param -= lr * d. Records no autograd graph.
+void sgd_update_(const Tensor& param, const Tensor& grad, const Tensor& momentum_buffer,
+                 const SGDHyper& hyper, SGDFlags flags);
+
+struct SGDUpdate {
+  Tensor param;
+  Tensor momentum_buffer;  // undefined when none was given
+};
+// sgd_update_'s new values as new tensors; the arguments are left unchanged.
+SGDUpdate sgd_update(const Tensor& param, const Tensor& grad, const Tensor& momentum_buffer,
+                     const SGDHyper& hyper, SGDFlags flags);
+
+struct AdamWHyper {
+  Tensor lr, beta1, beta2, eps, weight_decay;  // 0-d
+};
+struct AdamWFlags {
+  bool amsgrad = false;  // max_exp_avg_sq must be given exactly when amsgrad
+  bool maximize = false;
+};
+struct AdamWState {
+  Tensor exp_avg, exp_avg_sq;
+  Tensor max_exp_avg_sq;  // amsgrad only
+  Tensor step;            // 0-d: the step count t of this update (already incremented)
+};
+
+// Per element, with bias corrections from t = step: param *= 1 - lr * weight_decay;
+// m += (1 - beta1) (grad - m); v = beta2 v + (1 - beta2) grad^2; (amsgrad: vmax = max(vmax,
+// v), used for v); param -= lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps).
+// The scalar factors are computed in f64, the elementwise work in the parameter's dtype.
+// Records no autograd graph.
+void adamw_update_(const Tensor& param, const Tensor& grad, const AdamWState& state,
+                   const AdamWHyper& hyper, AdamWFlags flags);
+
+struct AdamWUpdate {
+  Tensor param, exp_avg, exp_avg_sq;
+  Tensor max_exp_avg_sq;  // undefined when none was given
+};
+// adamw_update_'s new values as new tensors; the arguments are left unchanged.
+AdamWUpdate adamw_update(const Tensor& param, const Tensor& grad, const AdamWState& state,
+                         const AdamWHyper& hyper, AdamWFlags flags);
+
+}  // namespace kiln
