@@ -33,8 +33,8 @@
 // fn's eager results.
 //
 // Graph breaks: the tracer refuses some programs (random ops such as dropout in training,
-// batch norm updating running statistics, in-place writes into views, writes outside the
-// op registry such as an optimizer's fused step). With `fullgraph` the refusal is thrown
+// in-place writes into views, an optimizer's first step (it creates state), writes
+// outside the op registry). With `fullgraph` the refusal is thrown
 // as a kiln::Error naming the op, from the middle of fn: the ops before the refused one
 // (and the refused one itself) already ran eagerly. Without it, tracing just stops
 // recording at the refusal and fn runs on, eagerly, to its end -- so the call that found

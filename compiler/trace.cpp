@@ -138,7 +138,7 @@ class Tracer {
       const std::shared_ptr<StorageImpl> storage = state.storage.lock();
       if (!storage || storage.get() != ptr) continue;
       KILN_CHECK(storage->version.load() == state.expected,
-                 "trace: {} was modified outside the op registry (an optimizer's fused step?); "
+                 "trace: {} was modified outside the op registry (a raw write through data_ptr?); "
                  "its version is {}, the traced ops explain {}",
                  state.what, storage->version.load(), state.expected);
     }
@@ -385,7 +385,7 @@ class Tracer {
     if (written.contains(t.storage().get())) version = s ? s->expected : version;
     if (s)
       KILN_CHECK(s->expected == version,
-                 "trace: {} was modified outside the op registry (an optimizer's fused step?); "
+                 "trace: {} was modified outside the op registry (a raw write through data_ptr?); "
                  "{} read it at version {}, the traced ops explain {}",
                  s->what, op, version, s->expected);
     if (Known* k = find(t)) {

@@ -20,6 +20,11 @@
 //   batch_norm_stats_update(input, running_mean, running_var) {momentum} for their new
 //   values, written back into them when they are graph inputs; a module's
 //   num_batches_tracked.add_(1) is an in-place op like any other;
+// - the optimizers' in-place updates (sgd_update_, adamw_update_: registry ops whose
+//   hyperparameters are the groups' 0-d tensors) are recorded as their pure twins
+//   (sgd_update, adamw_update) plus write-backs into every parameter and state tensor. An
+//   optimizer's first step, which creates its state inside fn, is refused: run the first
+//   step eagerly, then every compiled step has the same graph;
 // - fn's results are the graph's outputs;
 // - a `.grad` that fn changed (backward() assigning a new gradient to a leaf: AccumulateGrad's
 //   clone when .grad was undefined) is a "grad effect": its new value is an extra graph
@@ -31,7 +36,7 @@
 // be baked in), ops that mutate inputs in place other than through an in-place call
 // (batch_norm aside), in-place writes into a view, and tensors
 // modified outside the registry while tracing (a version counter moved with no op seen:
-// an optimizer's fused step, say). With TraceOptions::allow_break a refusal is not thrown:
+// a kernel written as a raw loop over data_ptr, say). With TraceOptions::allow_break a refusal is not thrown:
 // the trace stops recording, fn runs on eagerly to its end, and the Trace reports the
 // break (Trace::broken()) with no usable graph.
 #include <functional>
