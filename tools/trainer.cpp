@@ -257,6 +257,31 @@ compiler::TracedFunction micro_step_function(std::shared_ptr<nn::Module> model, 
   };
 }
 
+compiler::TracedFunction whole_step_function(std::shared_ptr<nn::Module> model, optim::Optimizer& optimizer,
+                                             const optim::Accumulation& accumulation, double label_smoothing) {
+  const bool flatten_input = dynamic_cast<models::MLP*>(model.get()) != nullptr;
+  return [model, &optimizer, accumulation, label_smoothing,
+          flatten_input](const std::vector<Tensor>& args) -> std::vector<Tensor> {
+    // In place: clearing .grad to none inside a compiled function would change its guard.
+    optimizer.zero_grad(/*set_to_none=*/false);
+    Tensor loss_sum, correct_sum;
+    const auto sizes = optim::balanced_sizes(args[0].size(0), accumulation.options().micro_batch);
+    for (const optim::MicroBatch& micro : accumulation.split(args[0], args[1], sizes)) {
+      Tensor logits = (*model)(flatten_input ? micro.x.flatten(1) : micro.x);
+      Tensor loss = cross_entropy(logits, micro.y, {.label_smoothing = label_smoothing});
+      micro.scale(loss).backward();
+      micro.finish();
+      NoGradGuard no_grad;
+      Tensor weighted = loss.detach().to(DType::f64) * micro.weight;
+      Tensor correct = sum(eq(argmax(logits.detach(), 1), micro.y));
+      loss_sum = loss_sum.defined() ? loss_sum + weighted : weighted;
+      correct_sum = correct_sum.defined() ? correct_sum + correct : correct;
+    }
+    optimizer.step();
+    return {loss_sum, correct_sum};
+  };
+}
+
 StepStats train_step_compiled(compiler::CompiledFunction& compiled, optim::Optimizer& optimizer,
                               const optim::Accumulation& accumulation, const Tensor& input, const Tensor& target) {
   StepStats stats;
@@ -371,7 +396,7 @@ Result run(const Config& c, std::ostream& out) {
     compiler::CompileOptions options{.mode = c.compile_mode};
     for (const auto& [name, p] : model->named_parameters()) options.trace.names[p.impl()] = name;
     for (const auto& [name, b] : model->named_buffers()) options.trace.names[b.impl()] = name;
-    compiled = compiler::compile(micro_step_function(model, c.label_smoothing), options);
+    compiled = compiler::compile(whole_step_function(model, *optimizer, accumulation, c.label_smoothing), options);
   }
 
   std::ofstream log;
@@ -421,9 +446,15 @@ Result run(const Config& c, std::ostream& out) {
     int64_t batch_index = start;
     for (data::Batch& batch : train_loader.epoch(epoch, start)) {
       const auto t0 = Clock::now();
-      const StepStats s =
-          compiled ? train_step_compiled(*compiled, *optimizer, accumulation, batch.input, batch.target)
-                   : train_step(*model, *optimizer, accumulation, batch.input, batch.target, c.label_smoothing);
+      // With --compile, this process's first step runs eagerly: it creates the optimizer's
+      // state (a fresh run), after which every step has the same graph.
+      StepStats s;
+      if (compiled && steps_this_run > 0) {
+        const std::vector<Tensor> out = (*compiled)({batch.input, batch.target});
+        s = {.loss = out[0].item<double>(), .correct = out[1].item<int64_t>(), .samples = batch.size()};
+      } else {
+        s = train_step(*model, *optimizer, accumulation, batch.input, batch.target, c.label_smoothing);
+      }
       const double lr = optimizer->param_groups().front().lr();
       scheduler.step();
       ++step;

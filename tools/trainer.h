@@ -44,7 +44,7 @@ struct Config {
   int64_t workers = 2;
   bool skip_bad_images = false;  // skip and count unreadable images instead of stopping
   std::string device = "cpu";
-  bool compile = false;                 // run each micro-step (forward, loss, backward) compiled
+  bool compile = false;  // run each optimizer step (micro-steps and update) as one compiled graph
   std::string compile_mode = "default";  // kiln::compile's mode
   bool amp = false;
   bool channels_last = false;
@@ -121,6 +121,13 @@ StepStats train_step(nn::Module& model, optim::Optimizer& optimizer, const optim
 // f64)} -> {loss (0-d, the micro-batch's mean), correct (0-d i64)}; it runs backward() on
 // loss * weight, accumulating into the parameters' .grad.
 compiler::TracedFunction micro_step_function(std::shared_ptr<nn::Module> model, double label_smoothing);
+// The whole optimizer step as one function kiln::compile can trace: args {input, target}
+// -> {loss (0-d f64: the global batch's mean), correct (0-d i64)}: zero the gradients
+// (in place), the micro-steps of `accumulation` (balanced sizes), the optimizer's update.
+// The optimizer's first step creates its state and must run eagerly before compiling.
+compiler::TracedFunction whole_step_function(std::shared_ptr<nn::Module> model, optim::Optimizer& optimizer,
+                                             const optim::Accumulation& accumulation, double label_smoothing);
+
 // train_step with each micro-step run by `compiled` (made from micro_step_function).
 StepStats train_step_compiled(compiler::CompiledFunction& compiled, optim::Optimizer& optimizer,
                               const optim::Accumulation& accumulation, const Tensor& input, const Tensor& target);
