@@ -149,6 +149,8 @@ int bench_train(const TrainBenchOptions& o) {
       time_steps([&] { train::train_step(*model, sgd, accumulation, x, y, 0.0); }, o.warmup, o.steps);
   line("eager", eager, "");
   if (o.compile) {
+    // The forward and backward of each micro-step compiled; the SGD update eager (as
+    // kiln-train --compile runs it).
     compiler::CompiledFunction compiled =
         compiler::compile(train::micro_step_function(model, 0.0), {.profile = o.profile});
     // Two warm-up calls at least: the first traces with .grad undefined, the second with it
@@ -160,6 +162,18 @@ int bench_train(const TrainBenchOptions& o) {
          fmt::format(R"(,"graphs":{},"speedup_vs_eager":{:.3f},"peak_ratio_vs_eager":{:.3f})", compiled.cache_size(),
                      eager.median_ms / timed.median_ms, timed.peak_mib / eager.peak_mib));
     if (o.profile) std::cerr << compiled.profile();
+
+    // The whole optimizer step (micro-steps, accumulation and the SGD update) as one graph.
+    // Its updates are pure ops whose results are copied back into the parameters and
+    // momentum buffers until the memory planner writes them in place: this line measures
+    // what that costs.
+    compiler::CompiledFunction whole =
+        compiler::compile(train::whole_step_function(model, sgd, accumulation, 0.0), {.profile = o.profile});
+    const TrainTiming whole_timed = time_steps([&] { whole({x, y}); }, std::max<int64_t>(o.warmup, 2), o.steps);
+    line("compiled-whole-step", whole_timed,
+         fmt::format(R"(,"graphs":{},"speedup_vs_eager":{:.3f},"peak_ratio_vs_eager":{:.3f})", whole.cache_size(),
+                     eager.median_ms / whole_timed.median_ms, whole_timed.peak_mib / eager.peak_mib));
+    if (o.profile) std::cerr << whole.profile();
   }
   return 0;
 }

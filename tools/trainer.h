@@ -44,7 +44,7 @@ struct Config {
   int64_t workers = 2;
   bool skip_bad_images = false;  // skip and count unreadable images instead of stopping
   std::string device = "cpu";
-  bool compile = false;  // run each optimizer step (micro-steps and update) as one compiled graph
+  bool compile = false;  // run each micro-step (forward, loss, backward, accumulation) compiled
   std::string compile_mode = "default";  // kiln::compile's mode
   bool amp = false;
   bool channels_last = false;
