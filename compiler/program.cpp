@@ -14,31 +14,12 @@
 
 #include "compiler/codegen/cpp.h"
 #include "compiler/codegen/run.h"
+#include "compiler/run_graph.h"
 #include "core/error.h"
 #include "core/grad_mode.h"
 #include "core/registry.h"
 
 namespace kiln::compiler {
-
-namespace {
-
-// A 0-d tensor holding a constant node's value, typed exactly as the node says.
-Tensor constant_tensor(const Node& node) {
-  const TensorType& type = node.outputs.at(0);
-  Tensor t = scalar_tensor(node.attrs.scalar("value"), type.dtype, type.device);
-  t.impl()->wrapped_number = type.wrapped_number;
-  return t;
-}
-
-void check_input(const Graph& graph, Value v, const Tensor& t) {
-  const Node& node = graph.node(v);
-  const TensorType& type = graph.type(v);
-  KILN_CHECK(t.defined() && t.dtype() == type.dtype && t.shape() == type.shape && t.device() == type.device,
-             "Program::run: input %{} \"{}\" expects {}, got {}", graph.value_number(v), node.name, type.str(),
-             t.defined() ? t.meta_str() : "an undefined tensor");
-}
-
-}  // namespace
 
 Program::Program(Graph graph, int jobs) : graph_(std::move(graph)) {
   steps_ = fuse(graph_);
@@ -93,14 +74,10 @@ void Program::plan_releases() {
 
 std::vector<Tensor> Program::run(const std::vector<Tensor>& inputs) const {
   const Graph& g = graph_;
-  KILN_CHECK(inputs.size() == g.inputs().size(), "Program::run: the graph has {} inputs, got {} tensors",
-             g.inputs().size(), inputs.size());
+  check_inputs(g, inputs, "Program::run");
   const std::vector<Node>& nodes = g.nodes();
   std::vector<std::vector<Tensor>> values(nodes.size());
-  for (size_t i = 0; i < g.inputs().size(); ++i) {
-    check_input(g, g.inputs()[i], inputs[i]);
-    values[static_cast<size_t>(g.inputs()[i].node)] = {inputs[i]};
-  }
+  for (size_t i = 0; i < g.inputs().size(); ++i) values[static_cast<size_t>(g.inputs()[i].node)] = {inputs[i]};
   for (size_t n = 0; n < nodes.size(); ++n) {
     if (nodes[n].kind == NodeKind::constant) values[n] = {constant_tensor(nodes[n])};
     KILN_CHECK(nodes[n].kind != NodeKind::input || !values[n].empty(),
@@ -164,32 +141,7 @@ std::vector<Tensor> Program::run(const std::vector<Tensor>& inputs) const {
     clock_step(s);
   }
 
-  // As interpret(): every write-back reads the values as they were before any is written,
-  // so a value over an input's memory (a view of it) is copied out first.
-  std::vector<std::pair<Tensor, Tensor>> writes;
-  for (const auto& [input, new_value] : g.write_backs()) {
-    Tensor v = value(new_value);
-    for (const Tensor& in : inputs)
-      if (in.storage() == v.storage()) {
-        v = v.clone();
-        break;
-      }
-    writes.emplace_back(value(input), v);
-  }
-  for (auto& [target, v] : writes) target.copy_(v);
-
-  std::vector<Tensor> outputs;
-  outputs.reserve(g.outputs().size());
-  for (Value v : g.outputs()) {
-    Tensor out = value(v);
-    for (const auto& [input, new_value] : g.write_backs())
-      if (new_value == v) {
-        out = value(input);
-        break;
-      }
-    outputs.push_back(out);
-  }
-  return outputs;
+  return finish_run(g, inputs, value);
 }
 
 void Program::set_profiling(bool on) {
