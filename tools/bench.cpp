@@ -152,7 +152,7 @@ int bench_train(const TrainBenchOptions& o) {
     // The forward and backward of each micro-step compiled; the SGD update eager (as
     // kiln-train --compile runs it).
     compiler::CompiledFunction compiled =
-        compiler::compile(train::micro_step_function(model, 0.0), {.profile = o.profile});
+        compiler::compile(train::micro_step_function(*model, 0.0), {.profile = o.profile});
     // Two warm-up calls at least: the first traces with .grad undefined, the second with it
     // defined (accumulation), each a graph of its own.
     const TrainTiming timed = time_steps(
@@ -168,7 +168,7 @@ int bench_train(const TrainBenchOptions& o) {
     // momentum buffers until the memory planner writes them in place: this line measures
     // what that costs.
     compiler::CompiledFunction whole =
-        compiler::compile(train::whole_step_function(model, sgd, accumulation, 0.0), {.profile = o.profile});
+        compiler::compile(train::whole_step_function(*model, sgd, accumulation, 0.0), {.profile = o.profile});
     const TrainTiming whole_timed = time_steps([&] { whole({x, y}); }, std::max<int64_t>(o.warmup, 2), o.steps);
     line("compiled-whole-step", whole_timed,
          fmt::format(R"(,"graphs":{},"speedup_vs_eager":{:.3f},"peak_ratio_vs_eager":{:.3f})", whole.cache_size(),

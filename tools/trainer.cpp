@@ -224,32 +224,10 @@ std::shared_ptr<nn::Module> make_model(const std::string& arch, int64_t classes,
   fail("kiln-train: --arch {}: expected resnet18, resnet34, resnet50, resnet101, resnet152, mlp or cnn", arch);
 }
 
-StepStats train_step(nn::Module& model, optim::Optimizer& optimizer, const optim::Accumulation& accumulation,
-                     const Tensor& input, const Tensor& target, double label_smoothing) {
-  StepStats stats;
+compiler::TracedFunction micro_step_function(nn::Module& model, double label_smoothing) {
   const bool flatten_input = dynamic_cast<models::MLP*>(&model) != nullptr;
-  const auto sizes = optim::balanced_sizes(input.size(0), accumulation.options().micro_batch);
-  for (const optim::MicroBatch& micro : accumulation.split(input, target, sizes)) {
-    Tensor logits = model(flatten_input ? micro.x.flatten(1) : micro.x);
-    Tensor loss = cross_entropy(logits, micro.y, {.label_smoothing = label_smoothing});
-    micro.scale(loss).backward();
-    micro.finish();
-    // The step's loss is the mean over the global batch: each micro-batch's mean loss
-    // weighted by its share of the samples (the weight the gradient used).
-    stats.loss += loss.item<double>() * micro.weight.item<double>();
-    NoGradGuard no_grad;
-    stats.correct += sum(eq(argmax(logits.detach(), 1), micro.y)).item<int64_t>();
-    stats.samples += micro.size;
-  }
-  optimizer.step();
-  optimizer.zero_grad();
-  return stats;
-}
-
-compiler::TracedFunction micro_step_function(std::shared_ptr<nn::Module> model, double label_smoothing) {
-  const bool flatten_input = dynamic_cast<models::MLP*>(model.get()) != nullptr;
-  return [model, label_smoothing, flatten_input](const std::vector<Tensor>& args) -> std::vector<Tensor> {
-    Tensor logits = (*model)(flatten_input ? args[0].flatten(1) : args[0]);
+  return [&model, label_smoothing, flatten_input](const std::vector<Tensor>& args) -> std::vector<Tensor> {
+    Tensor logits = model(flatten_input ? args[0].flatten(1) : args[0]);
     Tensor loss = cross_entropy(logits, args[1], {.label_smoothing = label_smoothing});
     (loss * args[2].to(loss.dtype())).backward();
     NoGradGuard no_grad;
@@ -257,38 +235,19 @@ compiler::TracedFunction micro_step_function(std::shared_ptr<nn::Module> model, 
   };
 }
 
-compiler::TracedFunction whole_step_function(std::shared_ptr<nn::Module> model, optim::Optimizer& optimizer,
-                                             const optim::Accumulation& accumulation, double label_smoothing) {
-  const bool flatten_input = dynamic_cast<models::MLP*>(model.get()) != nullptr;
-  return [model, &optimizer, accumulation, label_smoothing,
-          flatten_input](const std::vector<Tensor>& args) -> std::vector<Tensor> {
-    // In place: clearing .grad to none inside a compiled function would change its guard.
-    optimizer.zero_grad(/*set_to_none=*/false);
-    Tensor loss_sum, correct_sum;
-    const auto sizes = optim::balanced_sizes(args[0].size(0), accumulation.options().micro_batch);
-    for (const optim::MicroBatch& micro : accumulation.split(args[0], args[1], sizes)) {
-      Tensor logits = (*model)(flatten_input ? micro.x.flatten(1) : micro.x);
-      Tensor loss = cross_entropy(logits, micro.y, {.label_smoothing = label_smoothing});
-      micro.scale(loss).backward();
-      micro.finish();
-      NoGradGuard no_grad;
-      Tensor weighted = loss.detach().to(DType::f64) * micro.weight;
-      Tensor correct = sum(eq(argmax(logits.detach(), 1), micro.y));
-      loss_sum = loss_sum.defined() ? loss_sum + weighted : weighted;
-      correct_sum = correct_sum.defined() ? correct_sum + correct : correct;
-    }
-    optimizer.step();
-    return {loss_sum, correct_sum};
-  };
-}
+namespace {
 
-StepStats train_step_compiled(compiler::CompiledFunction& compiled, optim::Optimizer& optimizer,
-                              const optim::Accumulation& accumulation, const Tensor& input, const Tensor& target) {
+// One optimizer step whose micro-steps run through `micro_step` (micro_step_function, run
+// eagerly or compiled).
+StepStats run_step(const compiler::TracedFunction& micro_step, optim::Optimizer& optimizer,
+                   const optim::Accumulation& accumulation, const Tensor& input, const Tensor& target) {
   StepStats stats;
   const auto sizes = optim::balanced_sizes(input.size(0), accumulation.options().micro_batch);
   for (const optim::MicroBatch& micro : accumulation.split(input, target, sizes)) {
-    const std::vector<Tensor> out = compiled({micro.x, micro.y, micro.weight});
+    const std::vector<Tensor> out = micro_step({micro.x, micro.y, micro.weight});
     micro.finish();
+    // The step's loss is the mean over the global batch: each micro-batch's mean loss
+    // weighted by its share of the samples (the weight the gradient used).
     stats.loss += out[0].item<double>() * micro.weight.item<double>();
     stats.correct += out[1].item<int64_t>();
     stats.samples += micro.size;
@@ -296,6 +255,40 @@ StepStats train_step_compiled(compiler::CompiledFunction& compiled, optim::Optim
   optimizer.step();
   optimizer.zero_grad();
   return stats;
+}
+
+}  // namespace
+
+StepStats train_step(nn::Module& model, optim::Optimizer& optimizer, const optim::Accumulation& accumulation,
+                     const Tensor& input, const Tensor& target, double label_smoothing) {
+  return run_step(micro_step_function(model, label_smoothing), optimizer, accumulation, input, target);
+}
+
+StepStats train_step_compiled(compiler::CompiledFunction& compiled, optim::Optimizer& optimizer,
+                              const optim::Accumulation& accumulation, const Tensor& input, const Tensor& target) {
+  return run_step([&compiled](const std::vector<Tensor>& args) { return compiled(args); }, optimizer, accumulation,
+                  input, target);
+}
+
+compiler::TracedFunction whole_step_function(nn::Module& model, optim::Optimizer& optimizer,
+                                             const optim::Accumulation& accumulation, double label_smoothing) {
+  return [micro_step = micro_step_function(model, label_smoothing), &optimizer,
+          accumulation](const std::vector<Tensor>& args) -> std::vector<Tensor> {
+    // In place: clearing .grad to none inside a compiled function would change its guard.
+    optimizer.zero_grad(/*set_to_none=*/false);
+    Tensor loss_sum, correct_sum;
+    const auto sizes = optim::balanced_sizes(args[0].size(0), accumulation.options().micro_batch);
+    for (const optim::MicroBatch& micro : accumulation.split(args[0], args[1], sizes)) {
+      const std::vector<Tensor> out = micro_step({micro.x, micro.y, micro.weight});
+      micro.finish();
+      NoGradGuard no_grad;
+      Tensor weighted = out[0].to(DType::f64) * micro.weight;
+      loss_sum = loss_sum.defined() ? loss_sum + weighted : weighted;
+      correct_sum = correct_sum.defined() ? correct_sum + out[1] : out[1];
+    }
+    optimizer.step();
+    return {loss_sum, correct_sum};
+  };
 }
 
 int64_t measure_step_bytes(nn::Module& model, const std::vector<int64_t>& sample_shape, int64_t classes,
@@ -400,7 +393,7 @@ Result run(const Config& c, std::ostream& out) {
     // the update (whole_step_function) currently copies its results back into parameters
     // and state, measured at 0.78x eager for ResNet-50 (kiln-bench train --compile), until
     // the memory planner writes them in place.
-    compiled = compiler::compile(micro_step_function(model, c.label_smoothing), options);
+    compiled = compiler::compile(micro_step_function(*model, c.label_smoothing), options);
   }
 
   std::ofstream log;

@@ -119,13 +119,15 @@ StepStats train_step(nn::Module& model, optim::Optimizer& optimizer, const optim
 
 // The micro-step as a function kiln::compile can trace: args {input, target, weight (0-d
 // f64)} -> {loss (0-d, the micro-batch's mean), correct (0-d i64)}; it runs backward() on
-// loss * weight, accumulating into the parameters' .grad.
-compiler::TracedFunction micro_step_function(std::shared_ptr<nn::Module> model, double label_smoothing);
+// loss * weight, accumulating into the parameters' .grad. It refers to `model` (and
+// whole_step_function also to `optimizer`), which must outlive it. train_step runs it
+// eagerly.
+compiler::TracedFunction micro_step_function(nn::Module& model, double label_smoothing);
 // The whole optimizer step as one function kiln::compile can trace: args {input, target}
 // -> {loss (0-d f64: the global batch's mean), correct (0-d i64)}: zero the gradients
 // (in place), the micro-steps of `accumulation` (balanced sizes), the optimizer's update.
 // The optimizer's first step creates its state and must run eagerly before compiling.
-compiler::TracedFunction whole_step_function(std::shared_ptr<nn::Module> model, optim::Optimizer& optimizer,
+compiler::TracedFunction whole_step_function(nn::Module& model, optim::Optimizer& optimizer,
                                              const optim::Accumulation& accumulation, double label_smoothing);
 
 // train_step with each micro-step run by `compiled` (made from micro_step_function).
