@@ -123,4 +123,5 @@ using compiler::compile;
 using compiler::explain;
 using compiler::TracedFunction;
 using compiler::TraceOptions;
+using compiler::module_names;
 }  // namespace kiln

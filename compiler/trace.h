@@ -48,6 +48,10 @@
 #include "compiler/ir/graph.h"
 #include "core/tensor.h"
 
+namespace kiln::nn {
+class Module;
+}
+
 namespace kiln::compiler {
 
 using TracedFunction = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;
@@ -58,6 +62,10 @@ struct TraceOptions {
   // A refusal ends recording instead of throwing (fn still runs once, fully, eagerly).
   bool allow_break = false;
 };
+
+// TraceOptions naming a module's parameters and buffers by their dotted names
+// ("layer1.0.conv1.weight"), for graphs, dumps and messages.
+TraceOptions module_names(const nn::Module& module);
 
 // A leaf's .grad that the traced function replaced: graph input `input` (an argument or a
 // captured tensor) gets the value `value` as its new .grad; `value` none means cleared.

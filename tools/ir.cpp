@@ -81,9 +81,7 @@ Stages build_stages(const ModelOptions& o) {
   manual_seed(0);
   std::shared_ptr<nn::Module> model = train::make_model(o.arch, o.classes, o.channels, o.image_size);
   model->train(o.train);
-  compiler::TraceOptions names;
-  for (const auto& [name, p] : model->named_parameters()) names.names[p.impl()] = name;
-  for (const auto& [name, b] : model->named_buffers()) names.names[b.impl()] = name;
+  const compiler::TraceOptions names = compiler::module_names(*model);
   const bool flatten = o.arch == "mlp";
   Tensor x = randn({o.batch, o.channels, o.image_size, o.image_size});
   Tensor y = randint(0, o.classes, {o.batch});

@@ -386,9 +386,7 @@ Result run(const Config& c, std::ostream& out) {
   result.micro_batch = micro;
   std::optional<compiler::CompiledFunction> compiled;
   if (c.compile) {
-    compiler::CompileOptions options{.mode = c.compile_mode};
-    for (const auto& [name, p] : model->named_parameters()) options.trace.names[p.impl()] = name;
-    for (const auto& [name, b] : model->named_buffers()) options.trace.names[b.impl()] = name;
+    const compiler::CompileOptions options{.mode = c.compile_mode, .trace = compiler::module_names(*model)};
     // The micro-steps are compiled and the optimizer's update stays eager: a graph holding
     // the update (whole_step_function) currently copies its results back into parameters
     // and state, measured at 0.78x eager for ResNet-50 (kiln-bench train --compile), until

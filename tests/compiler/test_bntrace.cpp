@@ -19,12 +19,6 @@ int64_t count_ops(const Graph& g, const std::string& op) {
   });
 }
 
-TraceOptions names_of(const nn::Module& m) {
-  TraceOptions options;
-  for (const auto& [name, p] : m.named_parameters()) options.names[p.impl()] = name;
-  for (const auto& [name, b] : m.named_buffers()) options.names[b.impl()] = name;
-  return options;
-}
 
 // Running statistics that differ from their defaults and from one another.
 void randomize_running_stats(nn::Module& m) {
@@ -87,7 +81,7 @@ void check_traced_training(nn::Module& model, nn::Module& copy, Shape input_shap
   };
   model.zero_grad();  // the trace sees undefined .grads: they become grad effects
   const auto [x, y] = data();
-  const Trace t = trace(fn, {x, y}, names_of(model));
+  const Trace t = trace(fn, {x, y}, module_names(model));
   const Graph& g = t.graph;
   REQUIRE_FALSE(t.broken());
   verify(g);
@@ -239,7 +233,7 @@ TEST_CASE("trace records batch norm in eval mode without the running statistics'
   auto fn = [&](const std::vector<Tensor>& a) -> std::vector<Tensor> {
     return {train_step(cnn, a[0], a[1])};
   };
-  const Trace t = trace(fn, {x, y}, names_of(cnn));
+  const Trace t = trace(fn, {x, y}, module_names(cnn));
   const Graph& g = t.graph;
   CHECK(count_ops(g, "batch_norm") == 2);
   CHECK(count_ops(g, "batch_norm_stats_update") == 0);

@@ -11,6 +11,7 @@
 #include "compiler/codegen/lower.h"
 #include "compiler/codegen/run.h"
 #include "compiler/trace.h"
+#include "compiler_testing.h"
 #include "testing.h"
 
 using namespace kiln;
@@ -20,22 +21,7 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-// Points the disk cache at a fresh directory for one test and removes it afterwards.
-struct TempCache {
-  std::filesystem::path dir;
-  TempCache() {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "kiln-codegen-test-XXXXXX").string();
-    dir = mkdtemp(tmpl.data());
-    setenv("KILN_CACHE_DIR", dir.c_str(), 1);
-    unsetenv("KILN_CACHE");
-  }
-  ~TempCache() {
-    unsetenv("KILN_CACHE_DIR");
-    unsetenv("KILN_CACHE");
-    std::error_code ec;
-    std::filesystem::remove_all(dir, ec);
-  }
-};
+using kiln::testing::TempCache;
 
 TensorType f32(Shape shape, DType dtype = DType::f32) { return TensorType{.dtype = dtype, .shape = std::move(shape)}; }
 

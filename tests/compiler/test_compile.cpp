@@ -16,11 +16,6 @@ namespace {
 
 using Args = std::vector<Tensor>;
 
-TraceOptions names_of(const nn::Module& m) {
-  TraceOptions options;
-  for (const auto& [name, p] : m.named_parameters()) options.names[p.impl()] = name;
-  return options;
-}
 
 const TensorOptions f64{.dtype = DType::f64};
 
@@ -83,7 +78,7 @@ TEST_CASE("compile of an MLP step matches eager loss and grads with grad effects
       return {loss};
     };
   };
-  CompiledFunction step = compile(step_of(model), {.trace = names_of(model)});
+  CompiledFunction step = compile(step_of(model), {.trace = module_names(model)});
   auto eager = step_of(reference);
 
   // Grads: none -> traced (clones); kept -> recompiled (adds in place); cleared -> replay of
@@ -119,7 +114,7 @@ TEST_CASE("compile of an MLP step matches eager loss and grads with grad effects
   CHECK(traces[1]->graph.write_backs().size() == 4);
 
   const std::string report = explain(step_of(model), {randn({6, 4}, f64), randn({6, 3}, f64)},
-                                     {.trace = names_of(model)});
+                                     {.trace = module_names(model)});
   CHECK_THAT(report, Contains("1 graph, 0 graph breaks") && Contains("param \"0.weight\" f64[8,4]") &&
                          Contains("write-backs: 4") && Contains("mse_loss_backward"));
 }

@@ -9,12 +9,15 @@
 #include "compiler/compile.h"
 #include "compiler/fusion.h"
 #include "compiler/passes/passes.h"
+#include "compiler_testing.h"
 #include "testing.h"
 
 using namespace kiln;
 using namespace kiln::compiler;
 
 namespace {
+
+using kiln::testing::TempCache;
 
 using Args = std::vector<Tensor>;
 
@@ -73,22 +76,6 @@ void check_equal_to_eager(const LayerNormCase& c, double tol) {
     KILN_CHECK_CLOSE(decomposed[i], eager[i], tol, tol);
   }
 }
-
-// Points the kernel cache at a fresh directory for one test and removes it afterwards.
-struct TempCache {
-  std::filesystem::path dir;
-  TempCache() {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "kiln-decompose-test-XXXXXX").string();
-    dir = mkdtemp(tmpl.data());
-    setenv("KILN_CACHE_DIR", dir.c_str(), 1);
-    unsetenv("KILN_CACHE");
-  }
-  ~TempCache() {
-    unsetenv("KILN_CACHE_DIR");
-    std::error_code ec;
-    std::filesystem::remove_all(dir, ec);
-  }
-};
 
 struct MlpBlock {
   Tensor ln_w, ln_b, w1, b1, w2, b2;

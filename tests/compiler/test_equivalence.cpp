@@ -44,12 +44,7 @@ TracedFunction micro_step(std::shared_ptr<nn::Module> model) {
   };
 }
 
-CompileOptions names_of(const nn::Module& m) {
-  CompileOptions options;
-  for (const auto& [name, p] : m.named_parameters()) options.trace.names[p.impl()] = name;
-  for (const auto& [name, b] : m.named_buffers()) options.trace.names[b.impl()] = name;
-  return options;
-}
+CompileOptions names_of(const nn::Module& m) { return {.trace = module_names(m)}; }
 
 // |actual - expected| <= rtol * max|expected| everywhere: relative to the tensor's scale, so
 // that a gradient element that cancels to ~0 (summed in another order) is judged against

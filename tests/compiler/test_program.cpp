@@ -14,6 +14,7 @@
 #include "compiler/fusion.h"
 #include "compiler/passes/passes.h"
 #include "compiler/program.h"
+#include "compiler_testing.h"
 #include "testing.h"
 
 using namespace kiln;
@@ -22,29 +23,10 @@ using Catch::Matchers::Contains;
 
 namespace {
 
+using kiln::testing::TempCache;
+
 using Args = std::vector<Tensor>;
 
-// Points the kernel cache at a fresh directory for one test and removes it afterwards.
-struct TempCache {
-  std::filesystem::path dir;
-  TempCache() {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "kiln-program-test-XXXXXX").string();
-    dir = mkdtemp(tmpl.data());
-    setenv("KILN_CACHE_DIR", dir.c_str(), 1);
-    unsetenv("KILN_CACHE");
-  }
-  ~TempCache() {
-    unsetenv("KILN_CACHE_DIR");
-    std::error_code ec;
-    std::filesystem::remove_all(dir, ec);
-  }
-};
-
-TraceOptions names_of(const nn::Module& m) {
-  TraceOptions options;
-  for (const auto& [name, p] : m.named_parameters()) options.names[p.impl()] = name;
-  return options;
-}
 
 // The traced graph of fn(args), simplified as kiln::compile does.
 Graph simplified_trace(const TracedFunction& fn, const Args& args) {
@@ -152,7 +134,7 @@ TEST_CASE("program of an MLP training step matches eager loss and grads over cal
       return {loss};
     };
   };
-  CompiledFunction step = compile(step_of(model), {.trace = names_of(model)});
+  CompiledFunction step = compile(step_of(model), {.trace = module_names(model)});
   auto eager = step_of(reference);
   // Grads: none (traced, grads cloned), kept (recompiled: added into in place), cleared
   // (the first program replays), kept (the second program replays with write-backs).
@@ -185,7 +167,7 @@ TEST_CASE("program of SmallCNN forward in eval mode equals eager", "[program]") 
   model.eval();
   auto forward = [&model](const Args& a) -> Args { return {model(a[0])}; };
   NoGradGuard no_grad;
-  CompiledFunction f = compile(forward, {.trace = names_of(model)});
+  CompiledFunction f = compile(forward, {.trace = module_names(model)});
   for (int call = 0; call < 2; ++call) {
     const Tensor x = randn({2, 1, 28, 28});
     KILN_CHECK_CLOSE(f({x}).at(0), forward({x})[0], 1e-5, 1e-5);

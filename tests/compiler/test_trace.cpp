@@ -28,12 +28,6 @@ const compiler::Node* input_named(const Graph& g, const std::string& name) {
   return nullptr;
 }
 
-TraceOptions names_of(const nn::Module& m) {
-  TraceOptions options;
-  for (const auto& [name, p] : m.named_parameters()) options.names[p.impl()] = name;
-  for (const auto& [name, b] : m.named_buffers()) options.names[b.impl()] = name;
-  return options;
-}
 
 }  // namespace
 
@@ -92,7 +86,7 @@ TEST_CASE("trace records an MLP's forward and backward with named parameters", "
     NoGradGuard no_grad;
     return {mse_loss(mlp(a[0]), a[1])};
   };
-  const TraceOptions options = names_of(mlp);
+  const TraceOptions options = module_names(mlp);
   const Trace forward = trace(forward_only, {x, y}, options);
 
   mlp.zero_grad();  // undefined grads: AccumulateGrad clones instead of adding in place
@@ -225,7 +219,7 @@ TEST_CASE("trace records a SmallCNN in eval mode and in training", "[trace]") {
     NoGradGuard no_grad;
     return {cnn.forward(a[0])};
   };
-  const Trace t = trace(fn, {x}, names_of(cnn));
+  const Trace t = trace(fn, {x}, module_names(cnn));
   const Graph& g = t.graph;
   CHECK(count_ops(g, "batch_norm") == 2);
   const compiler::Node* running_mean = input_named(g, "features.1.running_mean");
@@ -245,7 +239,7 @@ TEST_CASE("trace records a SmallCNN in eval mode and in training", "[trace]") {
 
   // In training the running statistics' update is recorded too ([bntrace] tests it).
   cnn.train();
-  CHECK(count_ops(trace(fn, {x}, names_of(cnn)).graph, "batch_norm_stats_update") == 2);
+  CHECK(count_ops(trace(fn, {x}, module_names(cnn)).graph, "batch_norm_stats_update") == 2);
 }
 
 TEST_CASE("trace refuses random ops", "[trace]") {
@@ -273,7 +267,7 @@ TEST_CASE("trace records an optimizer step and refuses writes outside the regist
   };
   // The optimizer's update is a registry op: recorded as the pure sgd_update plus a
   // write-back into each parameter.
-  const Trace t = trace(fn, {x, y}, names_of(mlp));
+  const Trace t = trace(fn, {x, y}, module_names(mlp));
   int64_t updates = 0;
   for (const compiler::Node& n : t.graph.nodes()) updates += n.op == "sgd_update";
   CHECK(updates == static_cast<int64_t>(mlp.parameters().size()));
