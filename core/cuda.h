@@ -1,0 +1,94 @@
+#pragma once
+// The CUDA device runtime as users see it: availability, devices, streams, events, the
+// caching allocator's statistics. Works in every build: without the CUDA backend, or on a
+// machine without a GPU or driver, is_available() is false and the rest says why in a
+// kiln::Error. The implementation lives in kernels/cuda/runtime.cpp (core/cuda.cpp when
+// the build has no CUDA toolkit); CUDA types cross this header as opaque pointers, so
+// users need no CUDA headers.
+#include <cstdint>
+#include <string>
+
+namespace kiln::cuda {
+
+// True when this build has the CUDA backend and at least one GPU answers.
+bool is_available();
+// GPUs visible to this process (0 when none, or without the backend).
+int device_count();
+// Why is_available() is false ("this build of kiln has no CUDA backend", "no CUDA driver:
+// ...", "no CUDA device"); empty when it is true.
+std::string unavailable_reason();
+
+struct DeviceProperties {
+  std::string name;           // "NVIDIA H200"
+  int major = 0, minor = 0;   // compute capability
+  int multiprocessors = 0;
+  int64_t total_memory = 0;   // bytes
+  std::string arch() const;   // "sm_90"
+};
+DeviceProperties device_properties(int device = 0);
+
+// Waits for all work queued on the device (every stream).
+void synchronize(int device = 0);
+
+// A stream of device `device`. kiln queues each device's work on its current stream,
+// which is a non-blocking stream kiln creates per device (not the legacy default stream)
+// until a StreamGuard swaps in another.
+struct Stream {
+  void* handle = nullptr;  // cudaStream_t
+  int device = 0;
+  void synchronize() const;
+  bool operator==(const Stream&) const = default;
+};
+Stream current_stream(int device = 0);
+// A new stream of `device`, owned by the process (never destroyed).
+Stream new_stream(int device = 0);
+
+// Makes `stream` the current stream of its device for the guard's lifetime.
+class StreamGuard {
+ public:
+  explicit StreamGuard(Stream stream);
+  ~StreamGuard();
+  StreamGuard(const StreamGuard&) = delete;
+  StreamGuard& operator=(const StreamGuard&) = delete;
+
+ private:
+  Stream previous_;
+};
+
+// A CUDA event with timing.
+class Event {
+ public:
+  explicit Event(int device = 0);
+  ~Event();
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  void record(Stream stream);
+  void record() { record(current_stream(device_)); }
+  void synchronize() const;
+  // Milliseconds from `start` (recorded earlier) to this event; both must have completed.
+  float elapsed_ms(const Event& start) const;
+
+ private:
+  void* handle_ = nullptr;  // cudaEvent_t
+  int device_ = 0;
+};
+
+// The caching allocator's view of one device: bytes in live blocks (rounded to the
+// allocator's size classes) and bytes reserved from CUDA (live blocks plus the cache).
+// kiln::memory_stats(DeviceType::cuda) counts the tensors' requested bytes instead.
+struct AllocatorStats {
+  int64_t allocated = 0, peak_allocated = 0;
+  int64_t reserved = 0, peak_reserved = 0;
+  int64_t allocations = 0;   // blocks handed out
+  int64_t cache_hits = 0;    // of which came from the cache
+  int64_t cuda_mallocs = 0;  // cudaMalloc calls
+  int64_t cuda_frees = 0;    // cudaFree calls (empty_cache, or an allocation retried)
+};
+AllocatorStats allocator_stats(int device = 0);
+void reset_peak_allocator_stats(int device = 0);
+// A table of the allocator's state, like torch.cuda.memory_summary().
+std::string memory_summary(int device = 0);
+// Returns the cached free blocks of every device to CUDA.
+void empty_cache();
+
+}  // namespace kiln::cuda
