@@ -1,12 +1,12 @@
 #pragma once
 // kiln: include this one header and link kiln::kiln.
+#include "core/cuda.h"
 #include "core/device.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "autograd/gradcheck.h"
 #include "autograd/node.h"
 #include "core/generator.h"
-#include "core/grad_mode.h"
 #include "core/grad_mode.h"
 #include "core/ops/conv.h"
 #include "core/ops/dropout.h"

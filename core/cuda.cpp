@@ -35,6 +35,8 @@ AllocatorStats allocator_stats(int) { return {}; }
 void reset_peak_allocator_stats(int) {}
 std::string memory_summary(int) { return "CUDA is not available: this build of kiln has no CUDA backend\n"; }
 void empty_cache() {}
+void set_allow_tf32(bool) {}
+bool allow_tf32() { return false; }
 
 }  // namespace kiln::cuda
 

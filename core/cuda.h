@@ -73,6 +73,12 @@ class Event {
   int device_ = 0;
 };
 
+// Whether f32 matrix products (and, later, convolutions) may use TF32 tensor cores: about
+// 10 bits of mantissa in the products, f32 accumulation. Off by default, as in PyTorch's
+// torch.backends.cuda.matmul.allow_tf32.
+void set_allow_tf32(bool allow);
+bool allow_tf32();
+
 // The caching allocator's view of one device: bytes in live blocks (rounded to the
 // allocator's size classes) and bytes reserved from CUDA (live blocks plus the cache).
 // kiln::memory_stats(DeviceType::cuda) counts the tensors' requested bytes instead.

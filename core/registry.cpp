@@ -7,6 +7,7 @@
 
 #include <fmt/ranges.h>
 
+#include "core/cuda.h"
 #include "core/grad_mode.h"
 
 namespace kiln {
@@ -208,6 +209,12 @@ static std::vector<TensorMeta> metas_of(const std::vector<Tensor>& inputs) {
 }
 
 static KernelFn kernel_for(const OpDef& op, Device device, std::span<const TensorMeta> metas) {
+  if (device.is_cuda() && has_device_allocator(device.type) &&
+      (!cuda::is_available() || device.index >= cuda::device_count()))
+    fail("{}: device {} is not available: {} (inputs: {})", op.name, device,
+         cuda::is_available() ? fmt::format("this machine has {} CUDA devices", cuda::device_count())
+                              : cuda::unavailable_reason(),
+         metas_str(metas));
   KernelFn k = op.kernels[static_cast<int>(device.type)];
   if (!k) {
     if (!has_device_allocator(device.type))

@@ -122,6 +122,20 @@ void set_device_allocator(DeviceType type, DeviceAllocator allocator) {
 
 bool has_device_allocator(DeviceType type) { return allocator_for(type).allocate != nullptr; }
 
+static CopyBytesFn& copier_for(DeviceType type) {
+  static CopyBytesFn table[kNumDeviceTypes] = {};
+  return table[static_cast<int>(type)];
+}
+
+void set_copy_bytes(DeviceType type, CopyBytesFn copy) { copier_for(type) = copy; }
+
+void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t nbytes) {
+  const DeviceType backend = dst_device.is_cpu() ? src_device.type : dst_device.type;
+  CopyBytesFn copy = copier_for(backend);
+  KILN_CHECK(copy, "to_device: no copy from {} to {} in this build", src_device, dst_device);
+  copy(dst, dst_device, src, src_device, nbytes);
+}
+
 Storage allocate_storage(size_t nbytes, Device device) {
   DeviceAllocator a = allocator_for(device.type);
   KILN_CHECK(a.allocate, "allocate: device {} is not available (kiln has no backend for it in this build)",

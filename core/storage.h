@@ -39,6 +39,13 @@ struct DeviceAllocator {
 void set_device_allocator(DeviceType type, DeviceAllocator allocator);
 bool has_device_allocator(DeviceType type);
 
+// Copies `nbytes` of plain memory between devices, at least one of them not the CPU, through
+// the function the backend installed for that device type. The copy is ordered after the
+// work queued on the device, and complete when it returns if the destination is the CPU.
+using CopyBytesFn = void (*)(void* dst, Device dst_device, const void* src, Device src_device, size_t nbytes);
+void set_copy_bytes(DeviceType type, CopyBytesFn copy);
+void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t nbytes);
+
 // Bytes held by live tensor storages of one device type, counted by allocate_storage
 // (requested sizes, not the allocator's rounding or cache).
 struct MemoryStats {

@@ -18,7 +18,7 @@ const std::set<std::string, std::less<>> kUnaryFloating = {
 const std::set<std::string, std::less<>> kBinary = {"add", "sub", "mul", "div", "pow", "maximum", "minimum"};
 const std::set<std::string, std::less<>> kCompare = {"eq", "ne", "lt", "le", "gt", "ge"};
 const std::set<std::string, std::less<>> kLogical = {"logical_and", "logical_or", "logical_not"};
-const std::set<std::string, std::less<>> kOther = {"where", "clamp", "cast", "clone", "gelu", "softplus"};
+const std::set<std::string, std::less<>> kOther = {"where", "clamp", "cast", "clone", "gelu", "softplus", "fill"};
 const std::set<std::string, std::less<>> kReductions = {"sum", "mean", "amax", "amin"};
 
 bool is_elementwise(std::string_view op) {
@@ -219,6 +219,7 @@ class Lowering {
       return x;
     }
     if (name == "cast" || name == "clone") return in(0, out);
+    if (name == "fill") return constant(a.scalar("value"), out);  // the input gives only the shape
     if (name == "gelu")
       return op("gelu", {in(0, out), constant(Scalar(a.str("approximate") == "tanh"), DType::boolean)}, out);
     if (name == "softplus")

@@ -33,9 +33,11 @@ KernelCall kernel_call(const Kernel& kernel, std::span<const Tensor> inputs, std
   for (size_t b = 0; b < kernel.buffers.size(); ++b) {
     const Buffer& buffer = kernel.buffers[b];
     const Tensor& t = viewed[b];
-    KILN_CHECK(t.defined() && t.dtype() == buffer.dtype && t.device().is_cpu(),
-               "run_kernel {}: buffer {} must be a defined {} cpu tensor, got {}", kernel.name, buffer.name,
-               buffer.dtype, t.defined() ? t.meta_str() : std::string("undefined"));
+    // Every buffer on the device of the first output (the CPU, or the GPU that runs it).
+    const Device device = outputs.empty() ? Device::cpu() : outputs[0].device();
+    KILN_CHECK(t.defined() && t.dtype() == buffer.dtype && t.device() == device,
+               "run_kernel {}: buffer {} must be a defined {} {} tensor, got {}", kernel.name, buffer.name,
+               buffer.dtype, device, t.defined() ? t.meta_str() : std::string("undefined"));
     // Every dim the tensor has must be walked by one iteration dim, or be a broadcast 1.
     std::vector<bool> walked(static_cast<size_t>(t.dim()), false);
     for (int32_t d = 0; d < kernel.rank; ++d) {

@@ -13,7 +13,8 @@ namespace kiln::compiler::codegen {
 // buffers in order (the values before their views; the views are applied here), `outputs`
 // those of its output buffers; any strides. Each input's buffer is its storage at the
 // tensor's own offset, and the views' offsets and strides become arguments. Shapes and
-// dtypes are checked against the kernel (kiln::Error naming the buffer).
+// dtypes are checked against the kernel (kiln::Error naming the buffer), and every tensor
+// must be on the first output's device.
 struct KernelCall {
   std::vector<void*> buffers;
   std::vector<int64_t> args;

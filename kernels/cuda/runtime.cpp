@@ -1,0 +1,391 @@
+// The CUDA device runtime: availability, devices, streams, events, the caching allocator,
+// copies between the host and devices, and loading and launching generated kernels.
+#include "kernels/cuda/runtime.h"
+
+#include <algorithm>
+#include <array>
+#include <map>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "core/storage.h"
+
+namespace kiln::cuda {
+namespace {
+
+constexpr int kMaxDevices = 64;
+
+struct Availability {
+  int count = 0;
+  std::string reason;  // empty when count > 0
+};
+
+// Asked once: cudart opens the driver on its first call and answers
+// cudaErrorInsufficientDriver (or cudaErrorNoDevice) where there is none.
+const Availability& availability() {
+  static const Availability a = [] {
+    Availability r;
+    int n = 0;
+    const cudaError_t err = cudaGetDeviceCount(&n);
+    if (err != cudaSuccess) {
+      cudaGetLastError();  // clear the sticky error so later calls report their own
+      r.reason = err == cudaErrorNoDevice
+                     ? std::string("no CUDA device")
+                     : fmt::format("no CUDA driver ({}: {})", cudaGetErrorName(err), cudaGetErrorString(err));
+      return r;
+    }
+    r.count = std::min(n, kMaxDevices);
+    if (r.count == 0) r.reason = "no CUDA device";
+    return r;
+  }();
+  return a;
+}
+
+}  // namespace
+
+void check(cudaError_t err, const char* what) {
+  if (err == cudaSuccess) return;
+  cudaGetLastError();
+  fail("{}: CUDA error {}: {}", what, cudaGetErrorName(err), cudaGetErrorString(err));
+}
+
+bool is_available() { return availability().count > 0; }
+int device_count() { return availability().count; }
+std::string unavailable_reason() { return availability().reason; }
+
+void require_device(int device, const char* what) {
+  const Availability& a = availability();
+  KILN_CHECK(a.count > 0, "{}: cuda:{} is not available: {}", what, device, a.reason);
+  KILN_CHECK(device >= 0 && device < a.count, "{}: cuda:{} is not available: this machine has {} CUDA device{}",
+             what, device, a.count, a.count == 1 ? "" : "s");
+}
+
+std::string DeviceProperties::arch() const { return fmt::format("sm_{}{}", major, minor); }
+
+DeviceProperties device_properties(int device) {
+  require_device(device, "cuda::device_properties");
+  cudaDeviceProp p{};
+  KILN_CUDA_CHECK(cudaGetDeviceProperties(&p, device), "cuda::device_properties");
+  return {p.name, p.major, p.minor, p.multiProcessorCount, static_cast<int64_t>(p.totalGlobalMem)};
+}
+
+DeviceGuard::DeviceGuard(int device) {
+  KILN_CUDA_CHECK(cudaGetDevice(&previous_), "cuda::DeviceGuard");
+  if (previous_ != device) KILN_CUDA_CHECK(cudaSetDevice(device), "cuda::DeviceGuard");
+}
+DeviceGuard::~DeviceGuard() {
+  int now = -1;
+  if (cudaGetDevice(&now) == cudaSuccess && now != previous_) cudaSetDevice(previous_);
+}
+
+void synchronize(int device) {
+  require_device(device, "cuda::synchronize");
+  DeviceGuard guard(device);
+  KILN_CUDA_CHECK(cudaDeviceSynchronize(), "cuda::synchronize");
+}
+
+// ---- streams ----
+
+namespace {
+
+// Each device's kiln stream: non-blocking, so it never waits on the legacy default stream
+// that other libraries may use, and capturable into a CUDA graph.
+cudaStream_t device_stream(int device) {
+  static std::array<cudaStream_t, kMaxDevices> streams{};
+  static std::mutex mutex;
+  std::lock_guard lock(mutex);
+  cudaStream_t& s = streams[static_cast<size_t>(device)];
+  if (!s) {
+    DeviceGuard guard(device);
+    KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cuda::current_stream");
+  }
+  return s;
+}
+
+thread_local std::array<cudaStream_t, kMaxDevices> t_current{};
+
+}  // namespace
+
+Stream current_stream(int device) {
+  require_device(device, "cuda::current_stream");
+  cudaStream_t s = t_current[static_cast<size_t>(device)];
+  return {s ? s : device_stream(device), device};
+}
+
+Stream new_stream(int device) {
+  require_device(device, "cuda::new_stream");
+  DeviceGuard guard(device);
+  cudaStream_t s = nullptr;
+  KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cuda::new_stream");
+  return {s, device};
+}
+
+void Stream::synchronize() const {
+  KILN_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(handle)), "cuda::Stream::synchronize");
+}
+
+StreamGuard::StreamGuard(Stream stream) : previous_(current_stream(stream.device)) {
+  t_current[static_cast<size_t>(stream.device)] = static_cast<cudaStream_t>(stream.handle);
+}
+StreamGuard::~StreamGuard() {
+  t_current[static_cast<size_t>(previous_.device)] = static_cast<cudaStream_t>(previous_.handle);
+}
+
+// ---- events ----
+
+Event::Event(int device) : device_(device) {
+  require_device(device, "cuda::Event");
+  DeviceGuard guard(device);
+  cudaEvent_t e = nullptr;
+  KILN_CUDA_CHECK(cudaEventCreate(&e), "cuda::Event");
+  handle_ = e;
+}
+Event::~Event() {
+  if (handle_) cudaEventDestroy(static_cast<cudaEvent_t>(handle_));
+}
+void Event::record(Stream stream) {
+  KILN_CHECK(stream.device == device_, "cuda::Event::record: the event is on cuda:{}, the stream on cuda:{}",
+             device_, stream.device);
+  KILN_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(handle_), static_cast<cudaStream_t>(stream.handle)),
+                  "cuda::Event::record");
+}
+void Event::synchronize() const {
+  KILN_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(handle_)), "cuda::Event::synchronize");
+}
+float Event::elapsed_ms(const Event& start) const {
+  float ms = 0;
+  KILN_CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start.handle_),
+                                       static_cast<cudaEvent_t>(handle_)),
+                  "cuda::Event::elapsed_ms");
+  return ms;
+}
+
+// ---- the caching allocator ----
+//
+// Each block is one cudaMalloc, rounded up to a size class; a freed block goes to its
+// device's cache, keyed by (stream, size class), and the next request of that class on that
+// stream takes it. Reuse stays on the block's stream, whose order makes it safe without
+// synchronizing: the new user's kernels queue after the old user's. A training step asks for
+// the same sizes every step, so after the first step it allocates from the cache alone.
+// When cudaMalloc fails, the device's cache is freed and the allocation retried once.
+
+namespace {
+
+constexpr size_t kSmall = size_t{1} << 20;   // below: 512-byte classes
+constexpr size_t kMedium = size_t{16} << 20;  // below: 512 KiB classes; above: 2 MiB classes
+
+size_t size_class(size_t nbytes) {
+  const size_t step = nbytes < kSmall ? 512 : nbytes < kMedium ? (size_t{512} << 10) : (size_t{2} << 20);
+  const size_t r = (nbytes + step - 1) / step * step;
+  return std::max(r, step);
+}
+
+struct Block {
+  size_t size = 0;  // its size class
+  cudaStream_t stream = nullptr;
+};
+
+struct DeviceCache {
+  std::unordered_map<void*, Block> live;
+  std::map<std::pair<cudaStream_t, size_t>, std::vector<void*>> free_blocks;
+  AllocatorStats stats;
+};
+
+std::mutex g_alloc_mutex;
+std::array<DeviceCache, kMaxDevices>& caches() {
+  static auto* c = new std::array<DeviceCache, kMaxDevices>;  // outlives every tensor
+  return *c;
+}
+
+void note_allocated(AllocatorStats& s, int64_t bytes) {
+  s.allocated += bytes;
+  s.peak_allocated = std::max(s.peak_allocated, s.allocated);
+}
+
+// Frees the cached blocks of one device (caller holds g_alloc_mutex).
+void release_cached(int device) {
+  DeviceCache& c = caches()[static_cast<size_t>(device)];
+  if (c.free_blocks.empty()) return;
+  DeviceGuard guard(device);
+  for (auto& [key, blocks] : c.free_blocks)
+    for (void* p : blocks) {
+      cudaFree(p);
+      c.stats.reserved -= static_cast<int64_t>(key.second);
+      ++c.stats.cuda_frees;
+    }
+  c.free_blocks.clear();
+}
+
+void* cuda_allocate(size_t nbytes, int device) {
+  require_device(device, "allocate");
+  const size_t size = size_class(nbytes);
+  const cudaStream_t stream = stream_of(device);
+  std::lock_guard lock(g_alloc_mutex);
+  DeviceCache& c = caches()[static_cast<size_t>(device)];
+  ++c.stats.allocations;
+  auto it = c.free_blocks.find({stream, size});
+  if (it != c.free_blocks.end() && !it->second.empty()) {
+    void* p = it->second.back();
+    it->second.pop_back();
+    c.live[p] = {size, stream};
+    ++c.stats.cache_hits;
+    note_allocated(c.stats, static_cast<int64_t>(size));
+    return p;
+  }
+  DeviceGuard guard(device);
+  void* p = nullptr;
+  cudaError_t err = cudaMalloc(&p, size);
+  if (err == cudaErrorMemoryAllocation) {
+    cudaGetLastError();
+    release_cached(device);
+    err = cudaMalloc(&p, size);
+  }
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    size_t free_bytes = 0, total_bytes = 0;
+    cudaMemGetInfo(&free_bytes, &total_bytes);
+    fail("allocate: CUDA out of memory allocating {} bytes on cuda:{} ({}: {}); kiln holds {} MiB in tensors "
+         "and {} MiB reserved; the device has {} MiB free of {} MiB",
+         nbytes, device, cudaGetErrorName(err), cudaGetErrorString(err), c.stats.allocated >> 20,
+         c.stats.reserved >> 20, free_bytes >> 20, total_bytes >> 20);
+  }
+  ++c.stats.cuda_mallocs;
+  c.stats.reserved += static_cast<int64_t>(size);
+  c.stats.peak_reserved = std::max(c.stats.peak_reserved, c.stats.reserved);
+  c.live[p] = {size, stream};
+  note_allocated(c.stats, static_cast<int64_t>(size));
+  return p;
+}
+
+void cuda_release(void* p, size_t, int device) {
+  std::lock_guard lock(g_alloc_mutex);
+  DeviceCache& c = caches()[static_cast<size_t>(device)];
+  auto it = c.live.find(p);
+  if (it == c.live.end()) return;  // not ours: nothing sane to do in a deleter
+  const Block b = it->second;
+  c.live.erase(it);
+  c.stats.allocated -= static_cast<int64_t>(b.size);
+  c.free_blocks[{b.stream, b.size}].push_back(p);
+}
+
+// Copies between the host and a device, or between devices, on the device's current
+// stream. A copy to the host waits for it; a copy from pageable host memory returns once
+// CUDA has staged the source, so the caller may free it.
+void cuda_copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t nbytes) {
+  if (nbytes == 0) return;
+  const int device = dst_device.is_cuda() ? dst_device.index : src_device.index;
+  require_device(device, "to_device");
+  if (src_device.is_cuda()) require_device(src_device.index, "to_device");
+  DeviceGuard guard(device);
+  const cudaStream_t stream = stream_of(device);
+  if (dst_device.is_cuda() && src_device.is_cuda() && dst_device.index != src_device.index) {
+    // The source's stream must be done writing before the peer copy reads it.
+    KILN_CUDA_CHECK(cudaStreamSynchronize(stream_of(src_device.index)), "to_device");
+    KILN_CUDA_CHECK(cudaMemcpyPeerAsync(dst, dst_device.index, src, src_device.index, nbytes, stream), "to_device");
+    return;
+  }
+  const cudaMemcpyKind kind = dst_device.is_cpu()   ? cudaMemcpyDeviceToHost
+                              : src_device.is_cpu() ? cudaMemcpyHostToDevice
+                                                    : cudaMemcpyDeviceToDevice;
+  KILN_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, kind, stream), "to_device");
+  if (dst_device.is_cpu()) KILN_CUDA_CHECK(cudaStreamSynchronize(stream), "to_device");
+}
+
+struct Registrar {
+  Registrar() {
+    set_device_allocator(DeviceType::cuda, {cuda_allocate, cuda_release});
+    set_copy_bytes(DeviceType::cuda, cuda_copy_bytes);
+  }
+} registrar;
+
+std::string mib(int64_t bytes) { return fmt::format("{:.1f} MiB", static_cast<double>(bytes) / (1 << 20)); }
+
+}  // namespace
+
+AllocatorStats allocator_stats(int device) {
+  KILN_CHECK(device >= 0 && device < kMaxDevices, "cuda::allocator_stats: no device cuda:{}", device);
+  std::lock_guard lock(g_alloc_mutex);
+  return caches()[static_cast<size_t>(device)].stats;
+}
+
+void reset_peak_allocator_stats(int device) {
+  KILN_CHECK(device >= 0 && device < kMaxDevices, "cuda::reset_peak_allocator_stats: no device cuda:{}", device);
+  std::lock_guard lock(g_alloc_mutex);
+  AllocatorStats& s = caches()[static_cast<size_t>(device)].stats;
+  s.peak_allocated = s.allocated;
+  s.peak_reserved = s.reserved;
+}
+
+std::string memory_summary(int device) {
+  if (!is_available()) return fmt::format("CUDA is not available: {}\n", unavailable_reason());
+  require_device(device, "cuda::memory_summary");
+  size_t cached_blocks = 0;
+  AllocatorStats s;
+  size_t live_blocks = 0;
+  {
+    std::lock_guard lock(g_alloc_mutex);
+    const DeviceCache& c = caches()[static_cast<size_t>(device)];
+    s = c.stats;
+    live_blocks = c.live.size();
+    for (const auto& [key, blocks] : c.free_blocks) cached_blocks += blocks.size();
+  }
+  const MemoryStats tensors = memory_stats(DeviceType::cuda);
+  std::string out = fmt::format("kiln CUDA memory summary, cuda:{} ({})\n", device, device_properties(device).name);
+  out += fmt::format("  {:<28}{:>14}{:>14}\n", "", "now", "peak");
+  out += fmt::format("  {:<28}{:>14}{:>14}\n", "tensors (requested bytes)", mib(tensors.allocated), mib(tensors.peak));
+  out += fmt::format("  {:<28}{:>14}{:>14}\n", "allocated (size classes)", mib(s.allocated), mib(s.peak_allocated));
+  out += fmt::format("  {:<28}{:>14}{:>14}\n", "reserved from CUDA", mib(s.reserved), mib(s.peak_reserved));
+  out += fmt::format("  {:<28}{:>14}\n", "cached (free) bytes", mib(s.reserved - s.allocated));
+  out += fmt::format("  blocks: {} live, {} cached; {} allocations, {} from the cache; {} cudaMalloc, {} cudaFree\n",
+                     live_blocks, cached_blocks, s.allocations, s.cache_hits, s.cuda_mallocs, s.cuda_frees);
+  return out;
+}
+
+void empty_cache() {
+  if (!is_available()) return;
+  std::lock_guard lock(g_alloc_mutex);
+  for (int d = 0; d < device_count(); ++d) {
+    // Blocks may still be read by queued kernels: finish them before freeing.
+    DeviceGuard guard(d);
+    cudaDeviceSynchronize();
+    release_cached(d);
+  }
+}
+
+// ---- kernels ----
+
+LoadedKernel load_kernel(const std::string& cubin, const std::string& name) {
+  // One library per distinct image, kept for the life of the process.
+  static std::mutex mutex;
+  static std::unordered_map<std::string, cudaLibrary_t> libraries;
+  KILN_CHECK(is_available(), "cuda::load_kernel {}: CUDA is not available: {}", name, unavailable_reason());
+  std::lock_guard lock(mutex);
+  cudaLibrary_t& lib = libraries[cubin];
+  if (!lib) {
+    const cudaError_t err = cudaLibraryLoadData(&lib, cubin.data(), nullptr, nullptr, 0, nullptr, nullptr, 0);
+    if (err != cudaSuccess) {
+      libraries.erase(cubin);
+      check(err, fmt::format("cuda::load_kernel {}", name).c_str());
+    }
+  }
+  LoadedKernel k;
+  k.name = name;
+  KILN_CUDA_CHECK(cudaLibraryGetKernel(&k.handle, lib, name.c_str()),
+                  fmt::format("cuda::load_kernel {}", name).c_str());
+  return k;
+}
+
+void launch(const LoadedKernel& kernel, const LaunchShape& shape, void** args, int device) {
+  KILN_CHECK(shape.grid >= 1 && shape.grid <= 0x7fffffff && shape.block >= 1 && shape.block <= 1024,
+             "cuda::launch {}: grid {} and block {} are out of range", kernel.name, shape.grid, shape.block);
+  DeviceGuard guard(device);
+  const dim3 grid(static_cast<unsigned>(shape.grid)), block(static_cast<unsigned>(shape.block));
+  KILN_CUDA_CHECK(cudaLaunchKernel(reinterpret_cast<const void*>(kernel.handle), grid, block, args,
+                                   static_cast<size_t>(shape.shared_bytes), stream_of(device)),
+                  fmt::format("cuda::launch {}", kernel.name).c_str());
+}
+
+}  // namespace kiln::cuda

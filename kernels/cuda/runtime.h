@@ -1,0 +1,56 @@
+#pragma once
+// The CUDA runtime inside kiln (kernels/cuda/ and the compiler's CUDA target use it; users
+// see core/cuda.h). Errors become kiln::Error naming what failed; a device is made current
+// with DeviceGuard; work goes on the device's current stream; generated CUBINs are loaded
+// through the runtime's library API (no libcuda at link time).
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "core/cuda.h"
+#include "core/error.h"
+
+namespace kiln::cuda {
+
+// Throws kiln::Error "<what>: <CUDA's name and message of err>" unless err is cudaSuccess.
+void check(cudaError_t err, const char* what);
+#define KILN_CUDA_CHECK(expr, what) ::kiln::cuda::check((expr), (what))
+
+// Throws unless CUDA is available and `device` is one of its devices.
+void require_device(int device, const char* what);
+
+// Makes `device` current on this thread for the guard's lifetime.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device);
+  ~DeviceGuard();
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = -1;
+};
+
+inline cudaStream_t stream_of(int device) {
+  return static_cast<cudaStream_t>(current_stream(device).handle);
+}
+
+// A __global__ function of a loaded CUBIN. Libraries are loaded once per image and never
+// unloaded (kernels live as long as the process, like the C++ target's shared objects).
+struct LoadedKernel {
+  cudaKernel_t handle = nullptr;
+  std::string name;
+};
+LoadedKernel load_kernel(const std::string& cubin, const std::string& name);
+
+struct LaunchShape {
+  int64_t grid = 1;
+  int block = 1;
+  int shared_bytes = 0;
+};
+// Launches on `device`'s current stream; `args` points at each parameter's value.
+void launch(const LoadedKernel& kernel, const LaunchShape& shape, void** args, int device);
+
+}  // namespace kiln::cuda
