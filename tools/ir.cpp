@@ -2,6 +2,7 @@
 //
 //   kiln-ir resnet18 --train --batch 2 --image-size 32 --stage simplified
 //   kiln-ir mlp --train --diff trace simplified
+//   kiln-ir resnet50 --train --stage cuda
 //   kiln-ir --ops
 #include <algorithm>
 #include <cstring>
@@ -17,8 +18,10 @@
 #include <kiln.h>
 
 #include "compiler/codegen/cpp.h"
+#include "compiler/codegen/cuda.h"
 #include "compiler/fusion.h"
 #include "compiler/passes/passes.h"
+#include "kernels/cuda/nvrtc.h"
 #include "tools/trainer.h"
 
 using namespace kiln;
@@ -57,10 +60,13 @@ struct ModelOptions {
   std::string stage = "simplified";
   std::string dot_file;
   std::string diff_a, diff_b;
+  std::string gpu_arch = "sm_90";
+  bool wants(const std::string& s) const { return stage == s || diff_a == s || diff_b == s; }
 };
 
 // The stages kiln-ir can print, in pipeline order.
-const std::vector<std::string> kStages = {"trace", "simplified", "fused", "kernels", "source"};
+const std::vector<std::string> kStages = {"trace", "simplified", "fused", "kernels", "source",
+                                         "cuda-source", "cuda"};
 
 struct Stages {
   std::vector<std::pair<std::string, std::string>> texts;  // (stage, text)
@@ -74,6 +80,34 @@ struct Stages {
     fail("kiln-ir: no stage '{}' (stages: {})", stage, fmt::join(kStages, ", "));
   }
 };
+
+// Per kernel: what ptxas reports for its CUDA version (registers, spills, static shared
+// memory, stack), compiled with NVRTC for `arch`.
+std::string cuda_table(const std::vector<compiler::codegen::Kernel>& kernels, const std::string& arch) {
+  std::vector<std::pair<std::string, std::string>> sources;
+  size_t width = 6;
+  for (const compiler::codegen::Kernel& k : kernels) {
+    sources.push_back({compiler::codegen::render_cuda(k), compiler::codegen::cuda_symbol(k)});
+    width = std::max(width, sources.back().second.size());
+  }
+  const int64_t before = cuda::nvrtc_invocations();
+  const std::vector<cuda::CudaBinary> binaries = cuda::compile_cuda_batch(sources, {.arch = arch}, 2);
+  std::string out = fmt::format("{:<{}}  {:>9}  {:>5}  {:>6}  {:>6}  {:>8}  {}\n", "kernel", width, "registers",
+                                "spill", "smem", "stack", "cubin", "kind");
+  int max_registers = 0, spill = 0;
+  for (size_t i = 0; i < kernels.size(); ++i) {
+    const cuda::CudaBinary& b = binaries[i];
+    const int spilled = b.spill_store_bytes + b.spill_load_bytes;
+    out += fmt::format("{:<{}}  {:>9}  {:>5}  {:>6}  {:>6}  {:>8}  {}\n", b.name, width, b.registers, spilled,
+                       b.shared_bytes, b.stack_bytes, b.cubin.size(),
+                       kernels[i].num_reduced > 0 ? "reduction" : "pointwise");
+    max_registers = std::max(max_registers, b.registers);
+    spill += spilled;
+  }
+  out += fmt::format("{} kernels for {}: at most {} registers, {} spill bytes; {} NVRTC compiles (the rest cached)\n",
+                     kernels.size(), arch, max_registers, spill, cuda::nvrtc_invocations() - before);
+  return out;
+}
 
 // Traces one step of the model (a training step: forward, cross entropy, backward; or an
 // inference forward) and runs the pipeline, keeping each stage's text.
@@ -101,7 +135,8 @@ Stages build_stages(const ModelOptions& o) {
   s.simplified = compiler::run_pipeline(t.graph, compiler::default_compile_passes(), &s.passes);
   s.texts.emplace_back("simplified", compiler::print(s.simplified));
   s.groups = compiler::fuse(s.simplified);
-  std::string fused, kernels, source;
+  std::string fused, kernels, source, cuda_source;
+  std::vector<compiler::codegen::Kernel> generated;
   int64_t num_kernels = 0, num_eager = 0;
   for (const compiler::FusionGroup& group : s.groups) {
     std::string members;
@@ -112,6 +147,8 @@ Stages build_stages(const ModelOptions& o) {
       fused += fmt::format("{:<10} {}:{}\n", compiler::kind_name(group.kind), group.kernel.name, members);
       kernels += compiler::codegen::print(group.kernel) + "\n";
       source += compiler::codegen::render_cpp(group.kernel) + "\n";
+      cuda_source += compiler::codegen::render_cuda(group.kernel) + "\n";
+      generated.push_back(group.kernel);
     } else {
       num_eager += group.kind == compiler::FusionGroup::eager;
       fused += fmt::format("{:<10}{}\n", compiler::kind_name(group.kind), members);
@@ -122,6 +159,9 @@ Stages build_stages(const ModelOptions& o) {
   s.texts.emplace_back("fused", fused);
   s.texts.emplace_back("kernels", kernels);
   s.texts.emplace_back("source", source);
+  s.texts.emplace_back("cuda-source", cuda_source);
+  // NVRTC takes a second or so for a ResNet: only when asked for.
+  if (o.wants("cuda")) s.texts.emplace_back("cuda", cuda_table(generated, o.gpu_arch));
   return s;
 }
 
@@ -221,6 +261,7 @@ ModelOptions parse_model_options(int argc, char** argv) {
     else if (option == "--channels") o.channels = number();
     else if (option == "--stage") o.stage = value();
     else if (option == "--dot") o.dot_file = value();
+    else if (option == "--gpu-arch") o.gpu_arch = value();
     else if (option == "--diff") {
       o.diff_a = value();
       o.diff_b = value();
@@ -231,13 +272,15 @@ ModelOptions parse_model_options(int argc, char** argv) {
 
 void usage(std::ostream& os) {
   os << "usage: kiln-ir MODEL [--train] [--batch N] [--image-size N] [--classes N] [--channels N]\n"
-        "               [--stage STAGE] [--dot FILE] [--diff STAGE_A STAGE_B]\n"
+        "               [--stage STAGE] [--dot FILE] [--diff STAGE_A STAGE_B] [--gpu-arch sm_XX]\n"
         "       kiln-ir --ops\n"
         "  MODEL   resnet18|resnet34|resnet50|resnet101|resnet152|mlp|cnn: traces one step\n"
         "          (--train: forward, cross entropy and backward; else an inference forward)\n"
         "  STAGE   trace (as recorded) | simplified (after folding, algebra, dead code; with\n"
         "          the pass timing table) | fused (the schedule: kernels and library ops) |\n"
-        "          kernels (kernel IR) | source (generated C++)\n"
+        "          kernels (kernel IR) | source (generated C++) | cuda-source (generated CUDA) |\n"
+        "          cuda (per kernel: registers, spill, shared and stack bytes from NVRTC for the\n"
+        "          --gpu-arch, sm_90 by default)\n"
         "  --dot   writes the simplified graph for Graphviz, kernels as clusters\n"
         "  --diff  a line diff of two stages\n"
         "  --ops   list every registered op: kind, devices with a kernel, backward formula\n"

@@ -8,23 +8,17 @@
 
 #include <atomic>
 #include <cerrno>
-#include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <mutex>
-#include <sstream>
 #include <thread>
 #include <unordered_map>
 
 #include <fmt/format.h>
 
+#include "core/disk_cache.h"
 #include "core/error.h"
 
 extern char** environ;
-
-#ifndef KILN_SOURCE_INCLUDE_DIR
-#define KILN_SOURCE_INCLUDE_DIR "."
-#endif
 
 namespace kiln::compiler::codegen {
 namespace {
@@ -36,14 +30,9 @@ std::unordered_map<std::string, CompiledKernel> g_memory;
 std::atomic<int64_t> g_invocations{0};
 std::atomic<int64_t> g_temp_counter{0};
 
-std::string env_or(const char* name, const std::string& fallback) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::string(v) : fallback;
-}
+constexpr const char* kWho = "compile_cpp";
 
-std::string compiler() { return env_or("KILN_CXX", "c++"); }
-std::string include_dir() { return env_or("KILN_INCLUDE_DIR", KILN_SOURCE_INCLUDE_DIR); }
-bool disk_cache_on() { return env_or("KILN_CACHE", "on") != "off"; }
+std::string compiler() { return disk_cache::env_or("KILN_CXX", "c++"); }
 
 // Portable flags only: the cache may be shared between machines.
 const std::vector<std::string>& flags() {
@@ -58,20 +47,6 @@ constexpr const char* kTarget = "cpp-aarch64-linux";
 #else
 constexpr const char* kTarget = "cpp-other";
 #endif
-
-std::string read_file(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-void write_file(const fs::path& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary);
-  out << text;
-  out.close();
-  KILN_CHECK(out.good(), "compile_cpp: cannot write {}", path.string());
-}
 
 // Runs argv with stdout and stderr into `log`; returns the exit status (-1: did not start).
 int run_process(const std::vector<std::string>& argv, const fs::path& log) {
@@ -98,53 +73,29 @@ fs::path scratch_dir() {
   return dir;
 }
 
-fs::path cache_dir() {
-  fs::path root = env_or("KILN_CACHE_DIR", env_or("HOME", "") == "" ? std::string("/tmp/kiln-cache")
-                                                                   : env_or("HOME", "") + "/.cache/kiln");
-  fs::path dir = root / "kernels";
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  KILN_CHECK(!ec, "compile_cpp: cannot create the kernel cache directory {}: {}", dir.string(), ec.message());
-  return dir;
-}
+fs::path cache_dir() { return disk_cache::directory("kernels", kWho); }
 
-// What besides the source decides the compiled code: the compiler's identity and the
-// headers the kernels include. Computed once per process.
-const std::string& environment_identity() {
+// The host compiler's identity, computed once per process.
+const std::string& compiler_identity() {
   static const std::string identity = [] {
     const fs::path log = scratch_dir() / "compiler-version.txt";
     const int rc = run_process({compiler(), "--version"}, log);
     KILN_CHECK(rc == 0, "compile_cpp: `{} --version` failed (exit {}); set KILN_CXX to a C++ compiler",
                compiler(), rc);
-    std::string id = read_file(log);
+    std::string id = disk_cache::read_file(log);
     fs::remove(log);
-    for (const char* header : {"kernels/scalar.h", "core/half.h", "core/hd.h"}) {
-      const fs::path p = fs::path(include_dir()) / header;
-      KILN_CHECK(fs::exists(p), "compile_cpp: {} not found; set KILN_INCLUDE_DIR to kiln's include directory",
-                 p.string());
-      id += read_file(p);
-    }
     return id;
   }();
   return identity;
 }
 
-// FNV-1a over the text, twice with different offsets: a 128-bit hex key.
-std::string hash_hex(const std::string& text) {
-  uint64_t h[2] = {1469598103934665603ull, 0x9ae16a3b2f90404full};
-  for (uint64_t& x : h)
-    for (unsigned char c : text) {
-      x ^= c;
-      x *= 1099511628211ull;
-    }
-  return fmt::format("{:016x}{:016x}", h[0], h[1]);
-}
-
+// What decides the compiled code: the source, the flags, the target, the compiler and the
+// kiln headers the source includes.
 std::string key_of(const std::string& source) {
   std::string all = source;
   for (const std::string& f : flags()) all += "\n" + f;
-  all += std::string("\n") + kTarget + "\n" + environment_identity();
-  return hash_hex(all);
+  all += std::string("\n") + kTarget + "\n" + compiler_identity() + disk_cache::header_identity(source, kWho);
+  return disk_cache::hash_hex(all);
 }
 
 // dlopen + dlsym; the error text when either fails.
@@ -174,15 +125,15 @@ void build(Job& job, bool disk) {
   const fs::path dir = disk ? cache_dir() : scratch_dir();
   const fs::path stem = dir / fmt::format("tmp-{}-{}-{}", job.key.substr(0, 16), getpid(), g_temp_counter++);
   const fs::path cpp = stem.string() + ".cpp", so = stem.string() + ".so", log = stem.string() + ".log";
-  write_file(cpp, job.source);
+  disk_cache::write_file(cpp, job.source, kWho);
   std::vector<std::string> argv = {compiler()};
   argv.insert(argv.end(), flags().begin(), flags().end());
-  argv.insert(argv.end(), {"-I", include_dir(), cpp.string(), "-o", so.string()});
+  argv.insert(argv.end(), {"-I", disk_cache::include_dir(), cpp.string(), "-o", so.string()});
   ++g_invocations;
   const int rc = run_process(argv, log);
   if (rc != 0) {
     job.error = fmt::format("compile_cpp: the host compiler failed on kernel {} (exit {}); source kept at {}\n"
-                            "command: {}\n{}", job.name, rc, cpp.string(), fmt::join(argv, " "), read_file(log));
+                            "command: {}\n{}", job.name, rc, cpp.string(), fmt::join(argv, " "), disk_cache::read_file(log));
     std::error_code ec;
     fs::remove(so, ec);
     return;
@@ -212,7 +163,7 @@ std::string memory_key(const std::string& key, const std::string& name) { return
 
 std::vector<CompiledKernel> compile_cpp_batch(const std::vector<std::pair<std::string, std::string>>& sources,
                                               int jobs) {
-  const bool disk = disk_cache_on();
+  const bool disk = disk_cache::enabled();
   std::vector<CompiledKernel> results(sources.size());
   std::vector<Job> pending;
   std::unordered_map<std::string, size_t> pending_of;  // memory key -> index in pending
@@ -277,7 +228,7 @@ CompiledKernel compile_cpp(const std::string& source, const std::string& name) {
 }
 
 std::string kernel_cache_path(const std::string& source) {
-  if (!disk_cache_on()) return "";
+  if (!disk_cache::enabled()) return "";
   return (cache_dir() / (key_of(source) + ".so")).string();
 }
 

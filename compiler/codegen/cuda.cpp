@@ -1,0 +1,182 @@
+#include "compiler/codegen/cuda.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "compiler/codegen/render.h"
+#include "core/error.h"
+
+namespace kiln::compiler::codegen {
+namespace {
+
+constexpr int kMaxBlock = 256;      // the __launch_bounds__ of every kernel
+constexpr int kWarp = 32;
+constexpr int64_t kMaxGrid = 65536;  // enough blocks to fill any GPU; the loops stride past it
+
+// Warp shuffles move 32- and 64-bit values; bool and unsigned char go through unsigned int.
+constexpr const char* kShuffle = R"(template <class T> __device__ inline T kiln_shfl_down(T v, int delta) {
+  return __shfl_down_sync(0xffffffffu, v, delta);
+}
+__device__ inline bool kiln_shfl_down(bool v, int delta) {
+  return __shfl_down_sync(0xffffffffu, static_cast<unsigned>(v), delta) != 0u;
+}
+__device__ inline unsigned char kiln_shfl_down(unsigned char v, int delta) {
+  return static_cast<unsigned char>(__shfl_down_sync(0xffffffffu, static_cast<unsigned>(v), delta));
+}
+)";
+
+class CudaRenderer : KernelRenderer {
+ public:
+  explicit CudaRenderer(const Kernel& k) : KernelRenderer(k, kCudaSyntax) {}
+
+  std::string render() {
+    out_ += fmt::format("// kiln kernel {}: generated from the kernel IR for CUDA; depends on structure only.\n",
+                        k_.name);
+    out_ += "#include \"core/half.h\"\n#include \"kernels/scalar.h\"\n\n";
+    out_ += fmt::format("struct KilnArgs {{ long long v[{}]; }};\n", std::max(1, arg_layout(k_).count));
+    if (k_.num_reduced > 0) out_ += kShuffle;
+    out_ += "\n";
+    std::vector<std::string> params;
+    for (const Buffer& buf : k_.buffers) {
+      const std::string t = storage_type(buf.dtype);
+      params.push_back(buf.output ? fmt::format("{}* const {}", t, buf.name)
+                                  : fmt::format("const {}* const {}", t, buf.name));
+    }
+    params.push_back("const KilnArgs args");
+    out_ += fmt::format("extern \"C\" __global__ void __launch_bounds__({}) {}({}) {{\n", kMaxBlock,
+                        cuda_symbol(k_), fmt::join(params, ", "));
+    declare_arguments(1, "args.v[{}]");
+    if (k_.num_reduced == 0) pointwise();
+    else reduction();
+    out_ += "}\n";
+    return std::move(out_);
+  }
+
+ private:
+  // Declares i<begin>..i<end-1> from the linear index `linear` over those dims (row-major).
+  void unravel(int depth, const std::string& linear, int32_t begin, int32_t end) {
+    if (begin >= end) return;
+    if (end - begin == 1) {
+      line(depth, fmt::format("const long long i{} = {};", begin, linear));
+      return;
+    }
+    const std::string rest = linear + "_rest";
+    line(depth, fmt::format("long long {} = {};", rest, linear));
+    for (int32_t d = end - 1; d > begin; --d) {
+      line(depth, fmt::format("const long long i{} = {} % n{};", d, rest, d));
+      line(depth, fmt::format("{} /= n{};", rest, d));
+    }
+    line(depth, fmt::format("const long long i{} = {};", begin, rest));
+  }
+
+  void pointwise() {
+    line(1, fmt::format("const long long total = {};", product(0, k_.rank)));
+    line(1, "const long long stride = static_cast<long long>(gridDim.x) * blockDim.x;");
+    line(1, "for (long long linear = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; "
+            "linear < total; linear += stride) {");
+    unravel(2, "linear", 0, k_.rank);
+    body(2, false);
+    stores(2, false);
+    line(1, "}");
+  }
+
+  void reduction() {
+    const int32_t kept = k_.rank - k_.num_reduced;
+    for (size_t e = 0; e < k_.exprs.size(); ++e)
+      if (k_.exprs[e].kind == ExprKind::reduce)
+        line(1, fmt::format("__shared__ {} partial{}[{}];", register_type(k_.exprs[e].dtype), e, kMaxBlock / kWarp));
+    line(1, fmt::format("const long long outer = {};", product(0, kept)));
+    line(1, fmt::format("const long long inner = {};", product(kept, k_.rank)));
+    line(1, "const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;");
+    line(1, "for (long long kept = blockIdx.x; kept < outer; kept += gridDim.x) {");
+    unravel(2, "kept", 0, kept);
+    declare_accumulators(2);
+    line(2, "for (long long reduced = threadIdx.x; reduced < inner; reduced += blockDim.x) {");
+    unravel(3, "reduced", kept, k_.rank);
+    body(3, false);
+    combine_reductions(3, "v{1}");
+    line(2, "}");
+    // The block's partial results: within each warp, then across the warps' first lanes.
+    warp_combine(2);
+    line(2, "if (lane == 0) {");
+    for_each_reduce([&](size_t e) { line(3, fmt::format("partial{}[warp] = acc{};", e, e)); });
+    line(2, "}");
+    line(2, "__syncthreads();");
+    line(2, "if (warp == 0) {");
+    for_each_reduce([&](size_t e) {
+      line(3, fmt::format("acc{} = lane < warps ? partial{}[lane] : {};", e, e,
+                          literal(k_.exprs[e].value, k_.exprs[e].dtype)));
+    });
+    warp_combine(3);
+    line(3, "if (lane == 0) {");
+    body(4, true);
+    stores(4, false);
+    line(3, "}");
+    line(2, "}");
+    line(2, "__syncthreads();  // the partials are read before the next kept index writes them");
+    line(1, "}");
+  }
+
+  template <class F> void for_each_reduce(F f) {
+    for (size_t e = 0; e < k_.exprs.size(); ++e)
+      if (k_.exprs[e].kind == ExprKind::reduce) f(e);
+  }
+
+  void warp_combine(int depth) {
+    line(depth, "for (int delta = 16; delta > 0; delta /= 2) {");
+    combine_reductions(depth + 1, "kiln_shfl_down(acc{0}, delta)");
+    line(depth, "}");
+  }
+};
+
+int64_t product_of(std::span<const int64_t> args, int32_t begin, int32_t end) {
+  int64_t p = 1;
+  for (int32_t d = begin; d < end; ++d) p *= args[static_cast<size_t>(d)];
+  return p;
+}
+
+}  // namespace
+
+std::string cuda_symbol(const Kernel& kernel) { return "k_" + kernel.name; }
+
+std::string render_cuda(const Kernel& kernel) { return CudaRenderer(kernel).render(); }
+
+CudaLaunch cuda_launch_shape(const Kernel& kernel, std::span<const int64_t> args) {
+  KILN_CHECK(static_cast<int64_t>(args.size()) >= kernel.rank,
+             "cuda_launch_shape: kernel {} has {} iteration sizes, got {} arguments", kernel.name, kernel.rank,
+             args.size());
+  for (int32_t d = 0; d < kernel.rank; ++d)
+    KILN_CHECK(args[static_cast<size_t>(d)] >= 0, "cuda_launch_shape: kernel {}: size {} of dim {} is negative",
+               kernel.name, args[static_cast<size_t>(d)], d);
+  const int32_t kept = kernel.rank - kernel.num_reduced;
+  if (kernel.num_reduced == 0) {
+    const int64_t total = product_of(args, 0, kernel.rank);
+    return {.grid = std::min((total + kMaxBlock - 1) / kMaxBlock, kMaxGrid), .block = kMaxBlock, .shared_bytes = 0};
+  }
+  const int64_t outer = product_of(args, 0, kept), inner = product_of(args, kept, kernel.rank);
+  int block = kWarp;
+  while (block < kMaxBlock && block < inner) block *= 2;
+  return {.grid = std::min(outer, kMaxGrid), .block = block, .shared_bytes = 0};
+}
+
+}  // namespace kiln::compiler::codegen
+
+#if !defined(KILN_HAVE_CUDA)
+// A build without the CUDA toolkit renders CUDA but cannot compile it.
+#include "kernels/cuda/nvrtc.h"
+
+namespace kiln::cuda {
+namespace {
+[[noreturn]] void no_nvrtc() { fail("compile_cuda: this build of kiln has no CUDA backend (no NVRTC)"); }
+}  // namespace
+CudaBinary compile_cuda(const std::string&, const std::string&, const NvrtcOptions&) { no_nvrtc(); }
+std::vector<CudaBinary> compile_cuda_batch(const std::vector<std::pair<std::string, std::string>>&,
+                                           const NvrtcOptions&, int) {
+  no_nvrtc();
+}
+int64_t nvrtc_invocations() { return 0; }
+void clear_cuda_memory_cache() {}
+void parse_ptxas_report(const std::string&, CudaBinary&) { no_nvrtc(); }
+}  // namespace kiln::cuda
+#endif
