@@ -82,6 +82,66 @@ int bench_ops() {
   return 0;
 }
 
+// The median of `reps` runs of f on the GPU after two warm-ups, timed with CUDA events.
+double gpu_time_ms(const std::function<void()>& f, int reps) {
+  f();
+  f();
+  std::vector<double> times;
+  for (int i = 0; i < reps; ++i) {
+    cuda::Event start, stop;
+    start.record();
+    f();
+    stop.record();
+    stop.synchronize();
+    times.push_back(stop.elapsed_ms(start));
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+// `kiln-bench ops --device cuda`: the generated elementwise kernels against a device copy,
+// and cuBLAS products in f32 (with and without TF32) and bf16.
+int bench_ops_cuda() {
+  KILN_CHECK(cuda::is_available(), "kiln-bench ops --device cuda: CUDA is not available: {}",
+             cuda::unavailable_reason());
+  manual_seed(0);
+  const Device gpu = Device::cuda();
+  const cuda::DeviceProperties props = cuda::device_properties(0);
+  fmt::print(R"({{"bench":"device","name":"{}","arch":"{}","multiprocessors":{},"memory_gib":{:.1f}}})" "\n",
+             props.name, props.arch(), props.multiprocessors, static_cast<double>(props.total_memory) / (1 << 30));
+  {
+    const int64_t n = 256ll << 20;
+    Tensor a = rand({n}).to(gpu), b = rand({n}).to(gpu), out = empty({n}, {.device = gpu});
+    const double copy_ms = gpu_time_ms([&] { out.copy_(a); }, 10);
+    const double add_ms = gpu_time_ms([&] { out.add_(b); }, 10);
+    const double fresh_ms = gpu_time_ms([&] { Tensor c = a * b + 1; }, 10);
+    const double copy_gbps = 2.0 * static_cast<double>(n) * 4 / copy_ms / 1e6;
+    fmt::print(R"({{"bench":"copy_","device":"cuda","numel":{},"dtype":"f32","ms":{:.3f},"gb_per_s":{:.1f}}})" "\n", n, copy_ms, copy_gbps);
+    const double add_gbps = 3.0 * static_cast<double>(n) * 4 / add_ms / 1e6;
+    fmt::print(R"({{"bench":"add_","device":"cuda","numel":{},"dtype":"f32","ms":{:.3f},"gb_per_s":{:.1f},"ratio_to_copy":{:.2f}}})" "\n",
+               n, add_ms, add_gbps, add_gbps / copy_gbps);
+    fmt::print(R"({{"bench":"mul_add","device":"cuda","numel":{},"dtype":"f32","ms":{:.3f},"note":"a * b + 1: two eager kernels"}})" "\n",
+               n, fresh_ms);
+    const double sum_ms = gpu_time_ms([&] { Tensor t = sum(a, {0}); }, 10);
+    fmt::print(R"({{"bench":"sum","device":"cuda","numel":{},"dtype":"f32","ms":{:.3f},"gb_per_s":{:.1f}}})" "\n",
+               n, sum_ms, static_cast<double>(n) * 4 / sum_ms / 1e6);
+  }
+  for (DType dt : {DType::f32, DType::bf16}) {
+    const int64_t n = 8192;
+    Tensor a = randn({n, n}).to(dt).to(gpu), b = randn({n, n}).to(dt).to(gpu);
+    const double flop = 2.0 * n * n * n;
+    for (bool tf32 : {false, true}) {
+      if (dt != DType::f32 && tf32) continue;
+      cuda::set_allow_tf32(tf32);
+      const double ms = gpu_time_ms([&] { Tensor c = mm(a, b); }, 5);
+      fmt::print(R"({{"bench":"matmul","device":"cuda","m":{},"n":{},"k":{},"dtype":"{}","tf32":{},"ms":{:.3f},"tflop_per_s":{:.1f}}})" "\n",
+                 n, n, n, dt, tf32, ms, flop / ms / 1e9);
+    }
+    cuda::set_allow_tf32(false);
+  }
+  std::cerr << cuda::memory_summary();
+  return 0;
+}
 
 struct TrainBenchOptions {
   std::string arch = "resnet50";
@@ -347,11 +407,17 @@ TrainBenchOptions parse_train_options(int argc, char** argv) {
 int main(int argc, char** argv) {
   try {
     if (argc == 2 && std::strcmp(argv[1], "ops") == 0) return bench_ops();
+    if (argc == 4 && std::strcmp(argv[1], "ops") == 0 && std::strcmp(argv[2], "--device") == 0) {
+      if (std::strcmp(argv[3], "cuda") == 0) return bench_ops_cuda();
+      if (std::strcmp(argv[3], "cpu") == 0) return bench_ops();
+      fail("kiln-bench ops: --device {}: expected cpu or cuda", argv[3]);
+    }
     if (argc >= 2 && std::strcmp(argv[1], "train") == 0) return bench_train(parse_train_options(argc, argv));
     if (argc >= 2 && std::strcmp(argv[1], "mlp-block") == 0) return bench_mlp_block(parse_mlp_block_options(argc, argv));
     std::cerr << "usage: kiln-bench ops | train [options] | mlp-block [options]\n"
                  "  ops    GFLOP/s of a 1024^3 f32 matmul, GB/s of a 64M-element add against\n"
-                 "         memcpy, ms of a ResNet-50-sized conv2d; one JSON line each\n"
+                 "         memcpy, ms of a ResNet-50-sized conv2d; one JSON line each. --device cuda:\n"
+                 "         GB/s of the generated elementwise kernels and a sum, TFLOP/s of cuBLAS products\n"
                  "  train  median step time, img/s and peak memory of training a zoo model on a\n"
                  "         synthetic batch: --arch resnet50 --batch 8 --micro-batch N --image-size 64\n"
                  "         --classes 1000 --steps 10 --warmup 2 --device cpu [--compile: compiled too, with\n"

@@ -1,0 +1,190 @@
+// Eager ops on the GPU against the CPU: elementwise ops and reductions (kernels generated
+// from the kernel IR through NVRTC), matrix products (cuBLAS), in-place forms and a small
+// autograd graph. Tolerances: testing::tol(dtype) (f32 1e-5, f64 1e-12, f16 2e-3, bf16
+// 1.6e-2, relative and absolute) for elementwise ops; the CUDA math library may differ from
+// the host's by an ulp or two, which tol covers. Products: 1e-5 relative in f32 and 1e-12
+// in f64 scaled by the inner size, 1e-2 with TF32 or 16-bit operands.
+#include "cuda/cuda_testing.h"
+
+using namespace kiln;
+using testing::tol;
+
+namespace {
+
+Tensor gpu(const Tensor& t) { return t.to(Device::cuda()); }
+Tensor host(const Tensor& t) { return t.to(Device::cpu()); }
+
+// Values in (lo, hi) of `dtype`, a fixed pseudo-random pattern.
+Tensor values_in(Shape shape, double lo, double hi, DType dtype, uint64_t seed = 3) {
+  Generator g(seed);
+  return (rand(shape, {.dtype = DType::f64}, &g) * (hi - lo) + lo).to(dtype);
+}
+
+// The same op on the CPU and on the GPU: equal within tol of the result's dtype.
+void check_same(const std::string& what, const std::function<Tensor(const std::vector<Tensor>&)>& op,
+                const std::vector<Tensor>& inputs) {
+  INFO(what);
+  std::vector<Tensor> on_gpu;
+  for (const Tensor& t : inputs) on_gpu.push_back(gpu(t));
+  const Tensor expected = op(inputs);
+  const Tensor actual = op(on_gpu);
+  REQUIRE(actual.device() == Device::cuda(0));
+  CHECK(actual.dtype() == expected.dtype());
+  const double t = tol(expected.dtype());
+  KILN_CHECK_CLOSE(host(actual), expected, t, t);
+}
+
+}  // namespace
+
+TEST_CASE("elementwise unary ops on the GPU equal the CPU in every floating dtype", "[cuda]") {
+  KILN_NEEDS_GPU();
+  using Fn = Tensor (*)(const Tensor&);
+  const std::vector<std::pair<const char*, Fn>> positive = {
+      {"log", kiln::log}, {"sqrt", kiln::sqrt}, {"rsqrt", kiln::rsqrt}, {"reciprocal", kiln::reciprocal}};
+  const std::vector<std::pair<const char*, Fn>> any = {
+      {"neg", kiln::neg},     {"abs", kiln::abs},   {"sign", kiln::sign},       {"exp", kiln::exp},
+      {"log1p", kiln::log1p}, {"expm1", kiln::expm1}, {"sin", kiln::sin},        {"cos", kiln::cos},
+      {"tanh", kiln::tanh},   {"sigmoid", kiln::sigmoid}, {"relu", kiln::relu}, {"silu", kiln::silu}};
+  for (DType dt : testing::kFloatDTypes) {
+    const Tensor x = values_in({3, 5, 7}, -3, 3, dt), p = values_in({3, 5, 7}, 0.1, 4, dt);
+    for (const auto& [name, f] : any) check_same(fmt::format("{} {}", name, dt), [f](auto& in) { return f(in[0]); }, {x});
+    for (const auto& [name, f] : positive)
+      check_same(fmt::format("{} {}", name, dt), [f](auto& in) { return f(in[0]); }, {p});
+    check_same(fmt::format("gelu {}", dt), [](auto& in) { return gelu(in[0]); }, {x});
+    check_same(fmt::format("gelu tanh {}", dt), [](auto& in) { return gelu(in[0], "tanh"); }, {x});
+    check_same(fmt::format("softplus {}", dt), [](auto& in) { return softplus(in[0], 2.0, 5.0); }, {x});
+    check_same(fmt::format("clamp {}", dt), [](auto& in) { return clamp(in[0], -1.0, 0.5); }, {x});
+    // A transposed (non-contiguous) input.
+    check_same(fmt::format("exp of a transpose {}", dt), [](auto& in) { return kiln::exp(in[0].transpose(0, 2)); }, {x});
+  }
+}
+
+TEST_CASE("elementwise binary ops on the GPU broadcast and promote as on the CPU", "[cuda]") {
+  KILN_NEEDS_GPU();
+  for (DType dt : testing::kAllDTypes) {
+    if (dt == DType::boolean) continue;
+    const Tensor a = testing::small_integers({3, 1, 7}, dt), b = testing::small_integers({5, 1}, dt, 4);
+    check_same(fmt::format("add {}", dt), [](auto& in) { return in[0] + in[1]; }, {a, b});
+    check_same(fmt::format("sub alpha {}", dt), [](auto& in) { return sub(in[0], in[1], 2); }, {a, b});
+    check_same(fmt::format("mul {}", dt), [](auto& in) { return in[0] * in[1]; }, {a, b});
+    check_same(fmt::format("div {}", dt), [](auto& in) { return in[0] / (in[1] + 1); }, {a, b});
+    check_same(fmt::format("maximum {}", dt), [](auto& in) { return maximum(in[0], in[1]); }, {a, b});
+    check_same(fmt::format("minimum {}", dt), [](auto& in) { return minimum(in[0], in[1]); }, {a, b});
+    check_same(fmt::format("lt {}", dt), [](auto& in) { return lt(in[0], in[1]); }, {a, b});
+    check_same(fmt::format("eq {}", dt), [](auto& in) { return eq(in[0], in[1]); }, {a, b});
+    check_same(fmt::format("times a number {}", dt), [](auto& in) { return in[0] * 3; }, {a});
+  }
+  const Tensor x = values_in({4, 6}, 0.5, 2, DType::f32), y = values_in({6}, -2, 2, DType::f32, 9);
+  check_same("pow", [](auto& in) { return pow(in[0], in[1]); }, {x, y});
+  check_same("f32 with f64 0-d", [](auto& in) { return in[0] * in[1]; }, {x, full({}, 0.25, {.dtype = DType::f64})});
+  check_same("f16 with f32 promotes", [](auto& in) { return in[0] + in[1]; }, {x.to(DType::f16), y});
+  check_same("where", [](auto& in) { return where(in[0] > 1, in[0], in[1]); }, {x, y});
+  check_same("logical", [](auto& in) { return logical_and(in[0] > 1, logical_not(in[1] > 0)); }, {x, y});
+  // A 0-d CPU tensor next to GPU tensors is moved to the GPU.
+  const Tensor g = gpu(x) * full({}, 2.0, {.dtype = DType::f32});
+  KILN_CHECK_CLOSE(host(g), x * 2, 0, 0);
+}
+
+TEST_CASE("casts fills and copies on the GPU", "[cuda]") {
+  KILN_NEEDS_GPU();
+  const Tensor x = values_in({4, 5}, -300, 300, DType::f64);
+  for (DType from : testing::kAllDTypes)
+    for (DType to : testing::kAllDTypes)
+      check_same(fmt::format("cast {} to {}", from, to), [to](auto& in) { return in[0].to(to); }, {x.to(from)});
+  const Tensor z = zeros({3, 4}, {.device = Device::cuda()}), o = ones({3, 4}, {.device = Device::cuda()});
+  CHECK(sum(host(z)).item<float>() == 0.0f);
+  CHECK(sum(host(o)).item<float>() == 12.0f);
+  CHECK(host(full({2}, 7, {.dtype = DType::i64, .device = Device::cuda()}))[1].item<int64_t>() == 7);
+  // In place: add_, mul_, zero_, copy_ into a strided view of a GPU tensor.
+  Tensor a = gpu(x.to(DType::f32));
+  a.add_(gpu(ones({5}))).mul_(2);
+  KILN_CHECK_CLOSE(host(a), (x.to(DType::f32) + 1) * 2, 1e-6, 1e-6);
+  Tensor cols = a.slice(1, 0, 5, 2);  // every other column: strided
+  cols.copy_(gpu(full({4, 3}, -1.0)));
+  CHECK(host(a)[2][2].item<float>() == -1.0f);
+  CHECK(host(a)[2][1].item<float>() != -1.0f);
+  a.zero_();
+  CHECK(sum(kiln::abs(host(a))).item<float>() == 0.0f);
+  // A non-contiguous GPU tensor goes to the CPU through a GPU copy.
+  KILN_CHECK_CLOSE(host(gpu(x).transpose(0, 1)), x.transpose(0, 1), 0, 0);
+}
+
+TEST_CASE("reductions on the GPU equal the CPU", "[cuda]") {
+  KILN_NEEDS_GPU();
+  for (DType dt : testing::kFloatDTypes) {
+    const Tensor x = values_in({6, 33, 5}, -2, 2, dt);
+    const double t = dt == DType::f32 ? 1e-5 : tol(dt);
+    for (const DimList& dims : {DimList{}, DimList{1}, DimList{0, 2}, DimList{-1}}) {
+      INFO(fmt::format("{} dims [{}]", dt, fmt::join(dims, ",")));
+      KILN_CHECK_CLOSE(host(sum(gpu(x), dims)), sum(x, dims), t, t);
+      KILN_CHECK_CLOSE(host(mean(gpu(x), dims, true)), mean(x, dims, true), t, t);
+      KILN_CHECK_CLOSE(host(amax(gpu(x), dims)), amax(x, dims), 0, 0);
+      KILN_CHECK_CLOSE(host(amin(gpu(x), dims)), amin(x, dims), 0, 0);
+    }
+  }
+  const Tensor i = testing::small_integers({7, 9}, DType::i32);
+  KILN_CHECK_EQUAL(host(sum(gpu(i), {0})), sum(i, {0}));
+  const Tensor b = testing::small_integers({7, 9}, DType::boolean);
+  KILN_CHECK_EQUAL(host(sum(gpu(b))), sum(b));
+  // A large reduction: many blocks, many threads each.
+  const Tensor big = values_in({3, 100000}, 0, 1, DType::f32);
+  KILN_CHECK_CLOSE(host(sum(gpu(big), {1})), sum(big, {1}), 1e-5, 1e-3);
+}
+
+TEST_CASE("matrix products on the GPU through cuBLAS equal the CPU", "[cuda]") {
+  KILN_NEEDS_GPU();
+  for (DType dt : testing::kFloatDTypes) {
+    INFO(name(dt));
+    const double t = dt == DType::f64 ? 1e-12 : dt == DType::f32 ? 1e-5 : 1e-2;
+    const Tensor a = values_in({17, 33}, -1, 1, dt), b = values_in({33, 9}, -1, 1, dt, 5);
+    KILN_CHECK_CLOSE(host(mm(gpu(a), gpu(b))), mm(a, b), t, t * 33);
+    // Transposed operands go to cuBLAS as they are.
+    KILN_CHECK_CLOSE(host(mm(gpu(b).t(), gpu(a).t())), mm(b.t(), a.t()), t, t * 33);
+    const Tensor bias = values_in({9}, -1, 1, dt, 7);
+    KILN_CHECK_CLOSE(host(addmm(gpu(bias), gpu(a), gpu(b), 0.5, 2)), addmm(bias, a, b, 0.5, 2), t, t * 66);
+  }
+  // Batched with broadcasting, vectors, bmm, beta = 0 ignoring NaNs.
+  const Tensor a = values_in({2, 1, 4, 3}, -1, 1, DType::f32), b = values_in({5, 3, 6}, -1, 1, DType::f32, 2);
+  KILN_CHECK_CLOSE(host(matmul(gpu(a), gpu(b))), matmul(a, b), 1e-5, 1e-5);
+  const Tensor v = values_in({3}, -1, 1, DType::f32, 4);
+  KILN_CHECK_CLOSE(host(matmul(gpu(a), gpu(v))), matmul(a, v), 1e-5, 1e-5);
+  KILN_CHECK_CLOSE(host(matmul(gpu(v), gpu(v))), matmul(v, v), 1e-5, 1e-5);
+  const Tensor s = values_in({4, 3, 5}, -1, 1, DType::f64), r = values_in({4, 5, 2}, -1, 1, DType::f64, 6);
+  KILN_CHECK_CLOSE(host(bmm(gpu(s), gpu(r))), bmm(s, r), 1e-12, 1e-12);
+  const Tensor nan_bias = full({6}, std::nan(""));
+  const Tensor m = values_in({4, 3}, -1, 1, DType::f32), n = values_in({3, 6}, -1, 1, DType::f32, 8);
+  KILN_CHECK_CLOSE(host(addmm(gpu(nan_bias), gpu(m), gpu(n), 0, 1)), mm(m, n), 1e-5, 1e-5);
+  // TF32: about 10 bits of mantissa in the products.
+  cuda::set_allow_tf32(true);
+  const Tensor big_a = values_in({128, 256}, -1, 1, DType::f32), big_b = values_in({256, 64}, -1, 1, DType::f32, 3);
+  KILN_CHECK_CLOSE(host(mm(gpu(big_a), gpu(big_b))), mm(big_a, big_b), 1e-2, 5e-2);
+  cuda::set_allow_tf32(false);
+  CHECK_THROWS_WITH(mm(gpu(ones({2, 2}, {.dtype = DType::i64})), gpu(ones({2, 2}, {.dtype = DType::i64}))),
+                    Catch::Contains("mm") && Catch::Contains("not supported on CUDA"));
+}
+
+TEST_CASE("autograd through GPU ops gives the CPU's gradients", "[cuda]") {
+  KILN_NEEDS_GPU();
+  const Tensor x = values_in({8, 5}, -1, 1, DType::f64), w0 = values_in({5, 3}, -1, 1, DType::f64, 11),
+               b0 = values_in({3}, -1, 1, DType::f64, 12);
+  auto grads = [&](Device d) {
+    Tensor w = w0.to(d).detach().requires_grad_(), b = b0.to(d).detach().requires_grad_();
+    const Tensor loss = sum(kiln::tanh(addmm(b, x.to(d), w)) * 0.5);
+    loss.backward();
+    return std::vector<Tensor>{host(loss), host(w.grad()), host(b.grad())};
+  };
+  const std::vector<Tensor> cpu = grads(Device::cpu()), cuda = grads(Device::cuda());
+  for (size_t i = 0; i < cpu.size(); ++i) KILN_CHECK_CLOSE(cuda[i], cpu[i], 1e-12, 1e-12);
+}
+
+TEST_CASE("factory ops on the GPU give the CPU's values", "[cuda]") {
+  KILN_NEEDS_GPU();
+  const Device d = Device::cuda();
+  CHECK(empty({5}, {.device = d}).device() == d);
+  KILN_CHECK_EQUAL(host(full({2, 3}, 1.5, {.device = d})), full({2, 3}, 1.5));
+  KILN_CHECK_EQUAL(host(arange(0, 10, 1, {.device = d})), arange(0, 10));
+  KILN_CHECK_EQUAL(host(eye(3, std::nullopt, {.device = d})), eye(3));
+  Generator g1(5), g2(5);
+  KILN_CHECK_EQUAL(host(randn({100}, {.device = d}, &g1)), randn({100}, {}, &g2));
+  KILN_CHECK_EQUAL(host(rand({7}, {.device = d}, &g1)), rand({7}, {}, &g2));
+}
