@@ -14,6 +14,8 @@
 // value) make a kernel per distinct value.
 #if defined(KILN_HAVE_CUDA)
 
+#include <cmath>
+#include <functional>
 #include <mutex>
 #include <unordered_map>
 
@@ -23,6 +25,7 @@
 #include "compiler/codegen/lower.h"
 #include "compiler/codegen/run.h"
 #include "compiler/ir/graph.h"
+#include "core/ops/factory.h"
 #include "core/registry.h"
 #include "kernels/cuda/nvrtc.h"
 #include "kernels/cuda/runtime.h"
@@ -33,23 +36,87 @@ namespace {
 using codegen::Kernel;
 using Span = std::span<const Tensor>;
 
-struct EagerKernel {
+// A kernel generated from a small graph of elementwise ops (or one reduction), with the
+// graph input each of its input buffers reads.
+struct GraphKernel {
   Kernel kernel;
-  std::vector<int32_t> input_of_buffer;  // per input buffer, in order: the op's input index
+  std::vector<int32_t> input_of_buffer;  // per input buffer, in order: an index into g.inputs()
   cuda::LoadedKernel loaded;
 };
 
-// What decides the generated kernel: the op and attributes, each operand's dtype, rank,
-// size-1 dims and wrapped-number flag, the output's dtype and shape pattern, the device's
-// architecture.
-std::string kernel_key(const OpDef& op, Span in, Span out, const Attrs& attrs, const std::string& arch) {
-  std::string key = fmt::format("{}{}|{}", op.name, compiler::attrs_text(attrs), arch);
+const std::string& arch_of(Device device) {
+  static std::mutex mutex;
+  static std::vector<std::string> archs;
+  std::lock_guard lock(mutex);
+  if (archs.empty())
+    for (int d = 0; d < cuda::device_count(); ++d) archs.push_back(cuda::device_properties(d).arch());
+  return archs.at(static_cast<size_t>(device.index));
+}
+
+GraphKernel compile_graph(const Graph& g, bool reduction, const std::string& arch, const char* what) {
+  std::vector<int32_t> nodes;
+  for (size_t n = 0; n < g.nodes().size(); ++n)
+    if (g.nodes()[n].kind == NodeKind::op) nodes.push_back(static_cast<int32_t>(n));
+  GraphKernel e;
+  e.kernel = reduction ? codegen::lower_reduction(g, nodes) : codegen::lower_pointwise(g, nodes);
+  for (int32_t b : e.kernel.input_buffers()) {
+    const int32_t input_node = e.kernel.buffers[static_cast<size_t>(b)].node;
+    int32_t index = -1;
+    for (size_t i = 0; i < g.inputs().size(); ++i)
+      if (g.inputs()[i].node == input_node) index = static_cast<int32_t>(i);
+    KILN_CHECK(index >= 0, "{}: CUDA kernel {}: buffer {} reads no graph input", what, e.kernel.name,
+               e.kernel.buffers[static_cast<size_t>(b)].name);
+    e.input_of_buffer.push_back(index);
+  }
+  const std::string symbol = codegen::cuda_symbol(e.kernel);
+  const cuda::CudaBinary binary = cuda::compile_cuda(codegen::render_cuda(e.kernel), symbol, {.arch = arch});
+  e.loaded = cuda::load_kernel(binary.cubin, symbol);
+  return e;
+}
+
+// The kernel cached under `key` (which must say everything `build` depends on), built and
+// compiled on first use.
+const GraphKernel& graph_kernel(const std::string& key, bool reduction, Device device, const char* what,
+                                const std::function<Graph()>& build) {
+  static std::mutex mutex;
+  static std::unordered_map<std::string, GraphKernel> cache;
+  const std::string& arch = arch_of(device);
+  const std::string full_key = key + "|" + arch;
+  std::lock_guard lock(mutex);
+  auto it = cache.find(full_key);
+  if (it == cache.end()) it = cache.emplace(full_key, compile_graph(build(), reduction, arch, what)).first;
+  return it->second;
+}
+
+// Launches `k` on the device of outputs[0]: graph_inputs in g.inputs() order (0-d CPU
+// tensors are copied to the device first), outputs in the graph's output order.
+void launch_graph_kernel(const GraphKernel& k, Span graph_inputs, Span outputs) {
+  const Device device = outputs[0].device();
+  std::vector<Tensor> bound;
+  for (int32_t i : k.input_of_buffer) {
+    const Tensor& t = graph_inputs[static_cast<size_t>(i)];
+    bound.push_back(t.device() == device ? t : t.to(device));
+  }
+  codegen::KernelCall call = codegen::kernel_call(k.kernel, bound, outputs);
+  if (call.args.empty()) call.args.push_back(0);  // the argument struct is never empty
+  std::vector<void*> params;
+  for (void*& b : call.buffers) params.push_back(&b);
+  params.push_back(call.args.data());
+  const codegen::CudaLaunch shape = codegen::cuda_launch_shape(k.kernel, call.args);
+  if (shape.grid == 0) return;
+  cuda::launch(k.loaded, {shape.grid, shape.block, shape.shared_bytes}, params.data(), device.index);
+}
+
+// What decides an eager op's kernel: the op and attributes, each operand's dtype, rank,
+// size-1 dims and wrapped-number flag, the outputs' dtypes and size-1 dims.
+std::string eager_key(const OpDef& op, Span in, Span out, const Attrs& attrs) {
+  std::string key = fmt::format("{}{}", op.name, compiler::attrs_text(attrs));
   auto add = [&](const Tensor& t) {
     if (!t.defined()) {
       key += "|-";
       return;
     }
-    key += fmt::format("|{}{}{}:", t.dtype(), t.is_wrapped_number() ? "w" : "", t.device().is_cpu() ? "c" : "");
+    key += fmt::format("|{}{}:", t.dtype(), t.is_wrapped_number() ? "w" : "");
     for (int64_t s : t.shape()) key += s == 1 ? '1' : 'n';
   };
   for (const Tensor& t : in) add(t);
@@ -58,74 +125,148 @@ std::string kernel_key(const OpDef& op, Span in, Span out, const Attrs& attrs, c
   return key;
 }
 
-EagerKernel build(const OpDef& op, Span in, const Attrs& attrs, Device device, const std::string& arch,
-                  bool reduction) {
-  Graph g;
-  std::vector<Value> inputs;
-  for (size_t i = 0; i < in.size(); ++i) {
-    if (!in[i].defined()) {
-      inputs.push_back(Value{});
-      continue;
-    }
-    TensorType type = TensorType::of(in[i]);
-    type.device = device;
-    type.layout = Layout::contiguous;
-    inputs.push_back(g.add_input(fmt::format("x{}", i), type));
-  }
-  const std::vector<Value> results = g.add_op(op.name, inputs, attrs);
-  g.set_outputs(results);
-  const int32_t node = results[0].node;
-  EagerKernel e;
-  e.kernel = reduction ? codegen::lower_reduction(g, {node}) : codegen::lower_pointwise(g, {node});
-  for (int32_t b : e.kernel.input_buffers()) {
-    const int32_t input_node = e.kernel.buffers[static_cast<size_t>(b)].node;
-    int32_t index = -1;
-    for (size_t i = 0; i < inputs.size(); ++i)
-      if (inputs[i].defined() && inputs[i].node == input_node) index = static_cast<int32_t>(i);
-    KILN_CHECK(index >= 0, "{}: eager CUDA kernel {}: buffer {} reads no input of the op", op.name,
-               e.kernel.name, e.kernel.buffers[static_cast<size_t>(b)].name);
-    e.input_of_buffer.push_back(index);
-  }
-  const std::string source = codegen::render_cuda(e.kernel);
-  const std::string symbol = codegen::cuda_symbol(e.kernel);
-  const cuda::CudaBinary binary = cuda::compile_cuda(source, symbol, {.arch = arch});
-  e.loaded = cuda::load_kernel(binary.cubin, symbol);
-  return e;
-}
-
-const EagerKernel& kernel_for(const OpDef& op, Span in, Span out, const Attrs& attrs, bool reduction) {
-  static std::mutex mutex;
-  static std::unordered_map<std::string, EagerKernel> cache;
-  const Device device = out[0].device();
-  static std::vector<std::string> arch_of_device;
-  std::lock_guard lock(mutex);
-  if (arch_of_device.empty())
-    for (int d = 0; d < cuda::device_count(); ++d) arch_of_device.push_back(cuda::device_properties(d).arch());
-  const std::string& arch = arch_of_device.at(static_cast<size_t>(device.index));
-  const std::string key = kernel_key(op, in, out, attrs, arch);
-  auto it = cache.find(key);
-  if (it == cache.end()) it = cache.emplace(key, build(op, in, attrs, device, arch, reduction)).first;
-  return it->second;
-}
-
 void run(const OpDef& op, Span in, Span out, const Attrs& attrs, bool reduction) {
   if (out[0].numel() == 0) return;
   const Device device = out[0].device();
-  const EagerKernel& e = kernel_for(op, in, out, attrs, reduction);
-  std::vector<Tensor> bound;
-  for (int32_t i : e.input_of_buffer) {
-    const Tensor& t = in[static_cast<size_t>(i)];
-    bound.push_back(t.device() == device ? t : t.to(device));
-  }
-  codegen::KernelCall call = codegen::kernel_call(e.kernel, bound, out);
-  if (call.args.empty()) call.args.push_back(0);  // the argument struct is never empty
-  std::vector<void*> params;
-  for (void*& b : call.buffers) params.push_back(&b);
-  params.push_back(call.args.data());
-  const codegen::CudaLaunch shape = codegen::cuda_launch_shape(e.kernel, call.args);
-  if (shape.grid == 0) return;
-  cuda::launch(e.loaded, {shape.grid, shape.block, shape.shared_bytes}, params.data(), device.index);
+  std::vector<Tensor> defined;
+  for (const Tensor& t : in)
+    if (t.defined()) defined.push_back(t);
+  const GraphKernel& k = graph_kernel(eager_key(op, in, out, attrs), reduction, device, op.name.c_str(), [&] {
+    Graph g;
+    std::vector<Value> inputs;
+    for (size_t i = 0; i < in.size(); ++i) {
+      if (!in[i].defined()) {
+        inputs.push_back(Value{});
+        continue;
+      }
+      TensorType type = TensorType::of(in[i]);
+      type.device = device;
+      type.layout = Layout::contiguous;
+      inputs.push_back(g.add_input(fmt::format("x{}", i), type));
+    }
+    g.set_outputs(g.add_op(op.name, inputs, attrs));
+    return g;
+  });
+  launch_graph_kernel(k, defined, out);
 }
+
+// ---- optimizer updates: one generated kernel per parameter ----
+//
+// The update is written as a graph of elementwise ops that lowers to one kernel computing
+// the CPU kernel's arithmetic (kernels/cpu/optim_ops.cpp) in the same order and dtype: the
+// factors that depend only on hyperparameters are computed in f64 on the host, as there,
+// and travel as 0-d inputs (one small copy per call), so a schedule changing the lr never
+// compiles a new kernel.
+
+TensorType scalar_type(Device device) { return TensorType{DType::f64, {}, device}; }
+
+std::string shape_pattern(const Tensor& t) {
+  std::string p = fmt::format("{}:", t.dtype());
+  for (int64_t s : t.shape()) p += s == 1 ? '1' : 'n';
+  return p;
+}
+
+// The host factors as 0-d views of one device tensor.
+std::vector<Tensor> device_scalars(const std::vector<double>& values, Device device) {
+  const Tensor all = from_vector<double>(values).to(device);
+  std::vector<Tensor> out;
+  for (size_t i = 0; i < values.size(); ++i) out.push_back(all.select(0, static_cast<int64_t>(i)));
+  return out;
+}
+
+// in: (param, grad, momentum_buffer?, lr, momentum, dampening, weight_decay).
+void run_sgd(Span in, const Tensor& p_out, const Tensor& buf_out, const Attrs& attrs) {
+  const Tensor& p = in[0];
+  if (p.numel() == 0) return;
+  const double lr = in[3].item<double>(), momentum = in[4].item<double>(), dampening = in[5].item<double>(),
+               weight_decay = in[6].item<double>();
+  const bool nesterov = attrs.b("nesterov"), maximize = attrs.b("maximize"), first = attrs.b("first");
+  const bool has_buf = in[2].defined(), decay = weight_decay != 0;
+  const Device device = p.device();
+  const std::string key = fmt::format("sgd|{}|{}{}{}{}{}", shape_pattern(p), has_buf, decay, nesterov, maximize, first);
+  const GraphKernel& k = graph_kernel(key, false, device, "sgd_update", [&] {
+    Graph g;
+    TensorType type = TensorType::of(p);
+    type.layout = Layout::contiguous;
+    const Value P = g.add_input("param", type), G = g.add_input("grad", type);
+    const Value B = has_buf ? g.add_input("momentum_buffer", type) : Value{};
+    const Value LR = g.add_input("lr", scalar_type(device)), WD = g.add_input("weight_decay", scalar_type(device)),
+                M = g.add_input("momentum", scalar_type(device)), DAMP = g.add_input("one_minus_dampening", scalar_type(device));
+    Value d = maximize ? g.add_op1("neg", {G}) : G;
+    if (decay) d = g.add_op1("add", {d, g.add_op1("mul", {WD, P})});
+    std::vector<Value> outputs;
+    if (has_buf) {
+      const Value buf = first ? g.add_op1("clone", {d})
+                              : g.add_op1("add", {g.add_op1("mul", {M, B}), g.add_op1("mul", {DAMP, d})});
+      d = nesterov ? g.add_op1("add", {d, g.add_op1("mul", {M, buf})}) : buf;
+      outputs.push_back(buf);
+    }
+    outputs.insert(outputs.begin(), g.add_op1("sub", {P, g.add_op1("mul", {LR, d})}));
+    g.set_outputs(outputs);
+    return g;
+  });
+  const std::vector<Tensor> s = device_scalars({lr, weight_decay, momentum, 1.0 - dampening}, device);
+  std::vector<Tensor> inputs = {p, in[1]};
+  if (has_buf) inputs.push_back(in[2]);
+  inputs.insert(inputs.end(), s.begin(), s.end());
+  std::vector<Tensor> outputs = {p_out};
+  if (has_buf) outputs.push_back(buf_out);
+  launch_graph_kernel(k, inputs, outputs);
+}
+
+void sgd_update_inplace(Span in, Span, const Attrs& attrs) { run_sgd(in, in[0], in[2], attrs); }
+void sgd_update(Span in, Span out, const Attrs& attrs) {
+  run_sgd(in, out[0], out.size() > 1 ? out[1] : Tensor(), attrs);
+}
+
+// in: (param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq?, step, lr, beta1, beta2, eps,
+// weight_decay); out: the new param, exp_avg, exp_avg_sq and max_exp_avg_sq.
+void run_adamw(Span in, std::span<const Tensor> out, const Attrs& attrs) {
+  const Tensor& p = in[0];
+  if (p.numel() == 0) return;
+  const double step = in[5].item<double>(), lr = in[6].item<double>(), beta1 = in[7].item<double>(),
+               beta2 = in[8].item<double>(), eps = in[9].item<double>(), weight_decay = in[10].item<double>();
+  const bool maximize = attrs.b("maximize"), amsgrad = in[4].defined();
+  const Device device = p.device();
+  const std::string key = fmt::format("adamw|{}|{}{}", shape_pattern(p), maximize, amsgrad);
+  const GraphKernel& k = graph_kernel(key, false, device, "adamw_update", [&] {
+    Graph g;
+    TensorType type = TensorType::of(p);
+    type.layout = Layout::contiguous;
+    const Value P = g.add_input("param", type), G = g.add_input("grad", type), M = g.add_input("exp_avg", type),
+                V = g.add_input("exp_avg_sq", type);
+    const Value VMAX = amsgrad ? g.add_input("max_exp_avg_sq", type) : Value{};
+    std::vector<Value> f;
+    for (const char* name : {"decay", "one_minus_beta1", "beta2", "one_minus_beta2", "step_size", "correction2_sqrt", "eps"})
+      f.push_back(g.add_input(name, scalar_type(device)));
+    const Value grad = maximize ? g.add_op1("neg", {G}) : G;
+    const Value param = g.add_op1("mul", {P, f[0]});
+    const Value m = g.add_op1("add", {M, g.add_op1("mul", {f[1], g.add_op1("sub", {grad, M})})});
+    const Value v = g.add_op1("add", {g.add_op1("mul", {V, f[2]}), g.add_op1("mul", {g.add_op1("mul", {f[3], grad}), grad})});
+    const Value second = amsgrad ? g.add_op1("maximum", {VMAX, v}) : v;
+    const Value denom = g.add_op1("add", {g.add_op1("div", {g.add_op1("sqrt", {second}), f[5]}), f[6]});
+    const Value new_p = g.add_op1("sub", {param, g.add_op1("mul", {f[4], g.add_op1("div", {m, denom})})});
+    std::vector<Value> outputs = {new_p, m, v};
+    if (amsgrad) outputs.push_back(second);
+    g.set_outputs(outputs);
+    return g;
+  });
+  const std::vector<Tensor> s = device_scalars(
+      {1.0 - lr * weight_decay, 1.0 - beta1, beta2, 1.0 - beta2, lr / (1.0 - std::pow(beta1, step)),
+       std::sqrt(1.0 - std::pow(beta2, step)), eps},
+      device);
+  std::vector<Tensor> inputs = {p, in[1], in[2], in[3]};
+  if (amsgrad) inputs.push_back(in[4]);
+  inputs.insert(inputs.end(), s.begin(), s.end());
+  std::vector<Tensor> outputs(out.begin(), out.begin() + (amsgrad ? 4 : 3));
+  launch_graph_kernel(k, inputs, outputs);
+}
+
+void adamw_update_inplace(Span in, Span, const Attrs& attrs) {
+  const Tensor out[] = {in[0], in[2], in[3], in[4]};
+  run_adamw(in, out, attrs);
+}
+void adamw_update(Span in, Span out, const Attrs& attrs) { run_adamw(in, out, attrs); }
 
 // One kernel function per op (the registry's kernels are plain function pointers).
 constexpr const char* kPointwise[] = {
@@ -150,6 +291,10 @@ template <size_t... I, size_t... R>
 void register_all(std::index_sequence<I...>, std::index_sequence<R...>) {
   (register_kernel(kPointwise[I], DeviceType::cuda, pointwise<I>), ...);
   (register_kernel(kReductions[R], DeviceType::cuda, reduce<R>), ...);
+  register_kernel("sgd_update_", DeviceType::cuda, sgd_update_inplace);
+  register_kernel("sgd_update", DeviceType::cuda, sgd_update);
+  register_kernel("adamw_update_", DeviceType::cuda, adamw_update_inplace);
+  register_kernel("adamw_update", DeviceType::cuda, adamw_update);
 }
 
 struct Registrar {

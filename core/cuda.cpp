@@ -37,6 +37,7 @@ std::string memory_summary(int) { return "CUDA is not available: this build of k
 void empty_cache() {}
 void set_allow_tf32(bool) {}
 bool allow_tf32() { return false; }
+std::vector<std::string> host_fallback_ops() { return {}; }
 
 }  // namespace kiln::cuda
 

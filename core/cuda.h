@@ -7,6 +7,7 @@
 // users need no CUDA headers.
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace kiln::cuda {
 
@@ -78,6 +79,11 @@ class Event {
 // torch.backends.cuda.matmul.allow_tf32.
 void set_allow_tf32(bool allow);
 bool allow_tf32();
+
+// The ops that ran on CUDA tensors through the host fallback since the process started
+// (copied to the CPU, computed there, copied back: correct and slow), sorted; ops get real
+// CUDA kernels one by one and leave the fallback.
+std::vector<std::string> host_fallback_ops();
 
 // The caching allocator's view of one device: bytes in live blocks (rounded to the
 // allocator's size classes) and bytes reserved from CUDA (live blocks plus the cache).

@@ -255,7 +255,8 @@ static std::vector<Tensor> run_op(const OpDef& op, std::vector<Tensor> inputs, c
     outputs[0].impl()->view_base = in.impl()->view_base ? in.impl()->view_base : in.impl_ptr();
   } else {
     std::vector<TensorMeta> out_metas = op.infer(metas, attrs);
-    Device device = out_metas.empty() ? Device::cpu() : out_metas[0].device;
+    // An op without outputs (an in-place update) runs where its tensors are.
+    Device device = out_metas.empty() ? common_device(metas, op.name.c_str()) : out_metas[0].device;
     KernelFn kernel = kernel_for(op, device, metas);
     outputs.reserve(out_metas.size());
     for (const TensorMeta& m : out_metas) outputs.push_back(make_tensor(m.shape, m.dtype, m.device));

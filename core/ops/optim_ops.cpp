@@ -15,7 +15,7 @@ bool flag(const Attrs& a, const char* attr, const char* op) {
   return a.b(attr);
 }
 
-// Param and grad: f32 or f64, one dtype and shape, on the CPU.
+// Param and grad: f32 or f64, one dtype, shape and device.
 void check_param_and_grad(std::span<const TensorMeta> in, const char* op) {
   const TensorMeta &p = in[0], &g = in[1];
   KILN_CHECK(p.defined && g.defined, "{}: param and grad are required ({})", op, metas_str(in));
@@ -23,7 +23,7 @@ void check_param_and_grad(std::span<const TensorMeta> in, const char* op) {
              "{}: parameters must be f32 or f64, got {}", op, metas_str(in));
   KILN_CHECK(g.dtype == p.dtype && g.shape == p.shape,
              "{}: grad must have the parameter's dtype and shape ({})", op, metas_str(in));
-  KILN_CHECK(p.device.is_cpu() && g.device.is_cpu(), "{}: runs on CPU tensors, got {}", op,
+  KILN_CHECK(g.device == p.device, "{}: param and grad must be on one device, got {}", op,
              metas_str(in));
 }
 
@@ -31,7 +31,7 @@ void check_param_and_grad(std::span<const TensorMeta> in, const char* op) {
 void check_state(const TensorMeta& m, const char* what, std::span<const TensorMeta> in,
                  const char* op) {
   if (!m.defined) return;
-  KILN_CHECK(m.dtype == in[0].dtype && m.shape == in[0].shape && m.device.is_cpu(),
+  KILN_CHECK(m.dtype == in[0].dtype && m.shape == in[0].shape && m.device == in[0].device,
              "{}: {} must have the parameter's dtype, shape and device ({})", op, what,
              metas_str(in));
 }
