@@ -4,7 +4,7 @@ BUILD_TYPE ?= Release
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build test train bench parity clean
+.PHONY: all deps configure build test train bench parity gpu-deps gpu-check clean
 
 all: build
 
@@ -45,6 +45,16 @@ parity: build
 	  { [ "$$(id -u)" -eq 0 ] && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-torch python3-torchvision; } || \
 	  { echo "kiln: parity needs python3-torch and python3-torchvision (apt-get install them)"; exit 1; }
 	cd $(BUILD) && ctest -R parity --output-on-failure
+
+# The GPU check (README, "GPU check"): gpu-deps copies the Debian dependencies a bare GPU
+# machine lacks into .gpu-deps/ (carried there with the working tree); gpu-check, run on
+# that machine, builds with CUDA into build-gpu/, runs the CUDA tests and the benchmarks
+# (kiln and PyTorch) and writes log.txt, tests.txt, bench.jsonl, summary.md to $OUT.
+gpu-deps:
+	@tools/gpu-deps.sh
+
+gpu-check:
+	@tools/gpu-check.sh
 
 clean:
 	rm -rf $(BUILD)

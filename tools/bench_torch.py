@@ -1,0 +1,211 @@
+#!/usr/bin/env python3
+"""PyTorch baseline for kiln-bench train: the median time of a ResNet-50 training step.
+
+One step: forward, cross-entropy, backward and an SGD update (momentum 0.9) on one
+synthetic batch held on the device, in channels_last, f32 with TF32 allowed for matmuls and
+convolutions (what PyTorch users on Hopper get by setting two flags). Modes: eager, and
+torch.compile (default mode) of the model, forward and backward compiled and the optimizer
+eager, as kiln-bench train --compile does. Prints one JSON line per mode, then one line
+with the compiled/eager ratios when both ran:
+
+  {"bench":"train","impl":"pytorch","mode":"eager","arch":"resnet50","batch":128,
+   "image_size":224,"img_per_s":...,"median_step_ms":...,"peak_mib":...,"compile_s":...}
+
+Step times come from CUDA events around each step (wall clock on the CPU); peak_mib is
+torch.cuda.max_memory_allocated over the timed steps (null on the CPU); compile_s is the
+wall time of the first compiled step, tracing and code generation included (null in eager).
+--device cpu without sizes is a smoke test: batch 2, 32x32 images, 2 steps.
+--dry-run prints the plan as JSON and imports nothing.
+"""
+
+import argparse
+import json
+import math
+import signal
+import statistics
+import sys
+import time
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    p.add_argument("--arch", default="resnet50", help="a torchvision.models constructor name")
+    p.add_argument("--batch", type=int, help="images per step (cuda 128, cpu 2)")
+    p.add_argument("--image-size", type=int, help="height and width (cuda 224, cpu 32)")
+    p.add_argument("--classes", type=int, default=1000)
+    p.add_argument("--steps", type=int, help="timed steps (cuda 20, cpu 2)")
+    p.add_argument("--warmup", type=int, help="untimed steps before them (cuda 5, cpu 1)")
+    p.add_argument("--modes", default="eager,compiled", help="comma-separated: eager, compiled")
+    p.add_argument("--compile-budget-s", type=float, default=150.0,
+                   help="give up on torch.compile when its first step takes longer (0: no limit)")
+    p.add_argument("--no-tf32", action="store_true", help="plain f32 matmuls and convolutions")
+    p.add_argument("--no-cudnn-benchmark", action="store_true", help="leave cudnn.benchmark off")
+    p.add_argument("--dry-run", action="store_true", help="print the plan and exit")
+    a = p.parse_args(argv)
+    small = a.device == "cpu"
+    a.batch = a.batch if a.batch is not None else (2 if small else 128)
+    a.image_size = a.image_size if a.image_size is not None else (32 if small else 224)
+    a.steps = a.steps if a.steps is not None else (2 if small else 20)
+    a.warmup = a.warmup if a.warmup is not None else (1 if small else 5)
+    a.modes = [m for m in a.modes.split(",") if m]
+    for m in a.modes:
+        if m not in ("eager", "compiled"):
+            p.error(f"--modes: unknown mode {m!r} (eager, compiled)")
+    if not a.modes:
+        p.error("--modes: no mode given")
+    for name in ("batch", "image_size", "steps", "warmup", "classes"):
+        if getattr(a, name) < (0 if name == "warmup" else 1):
+            p.error(f"--{name.replace('_', '-')} must be positive")
+    return a
+
+
+def emit(line):
+    print(json.dumps(line, separators=(",", ":")), flush=True)
+
+
+class CompileTimeout(Exception):
+    pass
+
+
+def run_mode(torch, models, a, mode):
+    """Builds a fresh model and optimizer, runs warmup and timed steps, returns the line."""
+    device = torch.device(a.device)
+    torch.manual_seed(0)
+    model = getattr(models, a.arch)(weights=None, num_classes=a.classes)
+    model = model.to(device=device, memory_format=torch.channels_last).train()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-5)
+    x = torch.randn(a.batch, 3, a.image_size, a.image_size, device=device).to(memory_format=torch.channels_last)
+    y = torch.randint(0, a.classes, (a.batch,), device=device)
+    cuda = device.type == "cuda"
+
+    forward = model
+    if mode == "compiled":
+        if not hasattr(torch, "compile"):
+            raise RuntimeError(f"torch {torch.__version__} has no torch.compile")
+        forward = torch.compile(model)
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.cross_entropy(forward(x), y)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize()
+
+    # The first step on its own: compiling happens there (bounded by SIGALRM, which
+    # interrupts dynamo and inductor, both Python, between bytecodes).
+    compile_s = None
+    t0 = time.perf_counter()
+    if mode == "compiled" and a.compile_budget_s > 0:
+        def on_alarm(signum, frame):
+            raise CompileTimeout(f"torch.compile's first step took over {a.compile_budget_s:g} s")
+        previous = signal.signal(signal.SIGALRM, on_alarm)
+        signal.setitimer(signal.ITIMER_REAL, a.compile_budget_s)
+        try:
+            step()
+            sync()
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+    else:
+        step()
+        sync()
+    first_step_s = time.perf_counter() - t0
+    if mode == "compiled":
+        compile_s = first_step_s
+
+    for _ in range(max(a.warmup - 1, 0)):
+        step()
+    sync()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+
+    ms = []
+    if cuda:
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(a.steps)]
+        for start, end in events:
+            start.record()
+            loss = step()
+            end.record()
+        torch.cuda.synchronize()
+        ms = [start.elapsed_time(end) for start, end in events]
+    else:
+        for _ in range(a.steps):
+            t = time.perf_counter()
+            loss = step()
+            ms.append((time.perf_counter() - t) * 1000.0)
+    median_ms = statistics.median(ms)
+    peak_mib = torch.cuda.max_memory_allocated(device) / 2**20 if cuda else None
+    loss_value = float(loss.detach())
+    line = {
+        "bench": "train", "impl": "pytorch", "mode": mode, "arch": a.arch, "batch": a.batch,
+        "image_size": a.image_size,
+        "img_per_s": round(1000.0 * a.batch / median_ms, 1),
+        "median_step_ms": round(median_ms, 2),
+        "peak_mib": round(peak_mib, 1) if peak_mib is not None else None,
+        "compile_s": round(compile_s, 2) if compile_s is not None else None,
+        "first_step_s": round(first_step_s, 2),
+        "min_step_ms": round(min(ms), 2), "max_step_ms": round(max(ms), 2),
+        "steps": a.steps, "warmup": a.warmup, "device": a.device,
+        "tf32": not a.no_tf32, "cudnn_benchmark": cuda and not a.no_cudnn_benchmark,
+        "loss_finite": math.isfinite(loss_value),
+        "torch": torch.__version__,
+    }
+    if cuda:
+        line["gpu"] = torch.cuda.get_device_name(device)
+    del forward, model, optimizer, x, y, loss
+    if cuda:
+        torch.cuda.empty_cache()
+    return line
+
+
+def main(argv):
+    a = parse_args(argv)
+    plan = {"plan": "bench_torch", "device": a.device, "arch": a.arch, "batch": a.batch,
+            "image_size": a.image_size, "classes": a.classes, "steps": a.steps, "warmup": a.warmup,
+            "modes": a.modes, "compile_budget_s": a.compile_budget_s, "tf32": not a.no_tf32,
+            "cudnn_benchmark": a.device == "cuda" and not a.no_cudnn_benchmark}
+    if a.dry_run:
+        print(json.dumps(plan))
+        return 0
+
+    import torch
+    import torchvision.models as models
+
+    if a.device == "cuda" and not torch.cuda.is_available():
+        print("bench_torch: --device cuda but torch.cuda.is_available() is False", file=sys.stderr)
+        return 1
+    torch.backends.cuda.matmul.allow_tf32 = not a.no_tf32
+    torch.backends.cudnn.allow_tf32 = not a.no_tf32
+    torch.backends.cudnn.benchmark = a.device == "cuda" and not a.no_cudnn_benchmark
+    print(f"bench_torch: torch {torch.__version__}, plan {json.dumps(plan)}", file=sys.stderr, flush=True)
+
+    lines, failed = {}, False
+    for mode in a.modes:
+        try:
+            lines[mode] = run_mode(torch, models, a, mode)
+            emit(lines[mode])
+        except Exception as e:  # one mode's failure (a compile error, out of memory) must not hide the other's line
+            failed = True
+            print(f"bench_torch: mode {mode} failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+            emit({"bench": "train", "impl": "pytorch", "mode": mode, "arch": a.arch, "batch": a.batch,
+                  "image_size": a.image_size, "device": a.device, "error": f"{type(e).__name__}: {e}"[:300]})
+            if a.device == "cuda":
+                torch.cuda.empty_cache()
+    if "eager" in lines and "compiled" in lines:
+        eager, compiled = lines["eager"], lines["compiled"]
+        ratio = {"bench": "train", "impl": "pytorch", "mode": "compiled_vs_eager", "arch": a.arch,
+                 "batch": a.batch, "image_size": a.image_size,
+                 "speedup": round(eager["median_step_ms"] / compiled["median_step_ms"], 3)}
+        if eager["peak_mib"] and compiled["peak_mib"]:
+            ratio["peak_ratio"] = round(compiled["peak_mib"] / eager["peak_mib"], 3)
+        emit(ratio)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

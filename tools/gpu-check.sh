@@ -1,0 +1,232 @@
+#!/usr/bin/env bash
+# make gpu-check: the one command run on a lent GPU machine. It prints the machine, builds
+# kiln with CUDA against the .gpu-deps/ bundle (make gpu-deps), runs the CUDA tests, the
+# kiln training benchmark on the GPU and the PyTorch baseline (tools/bench_torch.py).
+# Every step runs under `timeout` inside one overall budget; a failed step is recorded and
+# the next one runs; the exit status is 1 when any step failed or timed out.
+#
+# Results go to $OUT when set (the device runner brings back only files under it), else to
+# build-gpu/gpu-check/:
+#   log.txt     everything printed    tests.txt   the test binaries' output (with durations)
+#   bench.jsonl one JSON line per measurement (kiln and pytorch)
+#   summary.md  step, status, seconds; the bench lines
+#
+# Knobs (environment): GPU_CHECK_BUDGET_S (450), JOBS (nproc), GPU_DEPS (.gpu-deps),
+# GPU_CHECK_BUILD (build-gpu), GPU_CHECK_CMAKE_FLAGS (extra configure flags),
+# GPU_CHECK_BUILD_S (330, the build step's limit), KILN_BENCH_ARGS, TORCH_BENCH_ARGS,
+# GPU_CHECK_FORCE_GPU=0|1 (overrides the GPU detection).
+set -u -o pipefail
+
+cd "$(dirname "$0")/.." || exit 2
+ROOT=$PWD
+OUT=${OUT:-$ROOT/build-gpu/gpu-check}
+BUILD=${GPU_CHECK_BUILD:-$ROOT/build-gpu}
+DEPS=${GPU_DEPS:-$ROOT/.gpu-deps}
+JOBS=${JOBS:-$(nproc)}
+BUDGET_S=${GPU_CHECK_BUDGET_S:-450}
+RESERVE_S=10  # kept back for the summary
+KILN_BENCH_ARGS=${KILN_BENCH_ARGS:---arch resnet50 --batch 128 --image-size 224 --steps 10 --warmup 3 --device cuda}
+# The PyTorch baseline's --compile-budget-s is added below: what the overall budget leaves.
+TORCH_BENCH_ARGS=${TORCH_BENCH_ARGS:---device cuda --batch 128 --image-size 224 --steps 20 --warmup 5 --modes eager,compiled}
+
+mkdir -p "$OUT"
+LOG=$OUT/log.txt TESTS=$OUT/tests.txt BENCH=$OUT/bench.jsonl SUMMARY=$OUT/summary.md
+: >"$LOG"
+: >"$TESTS"
+: >"$BENCH"
+STEP_OUT=$(mktemp)
+trap 'rm -f "$STEP_OUT"' EXIT
+
+START=$(date +%s)
+DEADLINE=$((START + BUDGET_S))
+STEP_NAMES=() STEP_STATUS=() STEP_SECONDS=()
+FAILED=0
+
+say() { echo "$*" | tee -a "$LOG"; }
+now() { date +%s.%N; }
+since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
+
+record() {  # name status seconds
+  STEP_NAMES+=("$1") STEP_STATUS+=("$2") STEP_SECONDS+=("$3")
+  case $2 in FAIL* | TIMEOUT*) FAILED=1 ;; esac
+  say "--- $1: $2 (${3} s)"
+}
+
+# run_step NAME LIMIT_S COPY_TO CMD...: runs CMD under timeout (never past the overall
+# budget), its output into log.txt, into COPY_TO unless that is '-', and into $STEP_OUT
+# for the caller. NOT_AVAILABLE_PATTERN (an ERE) turns a failure whose output matches it
+# into the status 'not available yet', which is no failure (a feature of a later issue).
+run_step() {
+  local name=$1 limit=$2 copy=$3
+  shift 3
+  local left=$((DEADLINE - $(date +%s) - RESERVE_S))
+  if ((left < 15)); then
+    record "$name" "skipped: out of time budget" 0
+    return 1
+  fi
+  ((limit > left)) && limit=$left
+  say ""
+  say "=== $name (limit ${limit} s, $(date -u +%H:%M:%S)): $*"
+  local t0 rc status
+  t0=$(now)
+  local copies=("$LOG" "$STEP_OUT")
+  [ "$copy" = - ] || copies+=("$copy")
+  : >"$STEP_OUT"
+  timeout -k 10 "$limit" "$@" </dev/null 2>&1 | tee -a "${copies[@]}"
+  rc=${PIPESTATUS[0]}
+  if ((rc == 0)); then
+    status=ok
+  elif ((rc == 124 || rc == 137)); then
+    status="TIMEOUT after ${limit} s"
+  elif [ -n "${NOT_AVAILABLE_PATTERN:-}" ] && grep -Eq "$NOT_AVAILABLE_PATTERN" "$STEP_OUT"; then
+    status="not available yet (exit $rc)"
+  else
+    status="FAIL (exit $rc)"
+  fi
+  record "$name" "$status" "$(since "$t0")"
+  return "$rc"
+}
+
+# The JSON lines of the last step into bench.jsonl, "impl" added where it is missing.
+collect_bench() {
+  local impl=$1
+  grep -E '^\{.*\}$' "$STEP_OUT" | sed -E "/\"impl\":/! s/^\{/{\"impl\":\"$impl\",/" >>"$BENCH" || true
+}
+
+# --- 1. The machine ----------------------------------------------------------------------
+T0=$(now)
+say "kiln gpu-check: $(date -u '+%Y-%m-%d %H:%M:%S UTC') in $ROOT, results in $OUT, budget ${BUDGET_S} s, -j$JOBS"
+show() {  # a command of the environment report, under a short timeout
+  say ""
+  say "\$ $*"
+  timeout -k 5 30 "$@" 2>&1 | tee -a "$LOG"
+  local rc=${PIPESTATUS[0]}
+  ((rc == 0)) || say "(exit $rc)"
+}
+show uname -a
+show sh -c 'grep -E "^(PRETTY_NAME|VERSION_ID)=" /etc/os-release; ldd --version | head -1'
+show sh -c 'nproc; free -g | head -2; df -h . | tail -1'
+show nvidia-smi
+show nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit --format=csv
+show sh -c 'command -v nvcc || ls -d /usr/local/cuda*/bin/nvcc; nvcc --version || /usr/local/cuda/bin/nvcc --version'
+show sh -c 'command -v c++ g++; c++ --version | head -1; g++ --version | head -1'
+show sh -c 'command -v cmake ninja ccache make; cmake --version | head -1; ninja --version'
+show python3 -c 'import sys, torch, torchvision; print(sys.executable, sys.version.split()[0]); print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version(), "available", torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else ""); print("torchvision", torchvision.__version__)'
+show du -sh "$DEPS"
+
+HAVE_GPU=0
+if timeout 30 nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
+  HAVE_GPU=1
+elif timeout 60 python3 -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+  HAVE_GPU=1  # a container without nvidia-smi
+fi
+[ -n "${GPU_CHECK_FORCE_GPU:-}" ] && HAVE_GPU=$GPU_CHECK_FORCE_GPU
+say ""
+say "GPU present: $([ "$HAVE_GPU" = 1 ] && echo yes || echo no)"
+record environment "ok (GPU: $([ "$HAVE_GPU" = 1 ] && echo yes || echo no))" "$(since "$T0")"
+
+# --- 2. Configure and build ----------------------------------------------------------------
+CMAKE_ARGS=(-S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DKILN_CUDA=ON -DKILN_BLAS=OFF)
+command -v ninja >/dev/null && CMAKE_ARGS+=(-G Ninja)
+command -v ccache >/dev/null && CMAKE_ARGS+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+if [ -d "$DEPS/include" ]; then
+  # Every dependency named explicitly, so that nothing of the machine's own is mixed in.
+  CMAKE_ARGS+=(-DCMAKE_PREFIX_PATH="$DEPS"
+    -Dfmt_DIR="$DEPS/lib/cmake/fmt" -DEigen3_DIR="$DEPS/share/eigen3/cmake" -DCatch2_DIR="$DEPS/lib/cmake/Catch2"
+    -DJPEG_INCLUDE_DIR="$DEPS/include" -DJPEG_LIBRARY="$DEPS/lib/libjpeg.so.62"
+    -DJPEG_LIBRARY_RELEASE="$DEPS/lib/libjpeg.so.62"
+    -DZLIB_INCLUDE_DIR="$DEPS/include" -DZLIB_LIBRARY="$DEPS/lib/libz.so.1"
+    -DZLIB_LIBRARY_RELEASE="$DEPS/lib/libz.so.1")
+else
+  say "WARNING: no bundle at $DEPS (make gpu-deps, then carry .gpu-deps): using the machine's own packages"
+fi
+# shellcheck disable=SC2206  # word splitting of the extra flags is wanted
+CMAKE_ARGS+=(${GPU_CHECK_CMAKE_FLAGS:-})
+
+# --fresh: a build folder carried from another machine must not keep its cache.
+run_step configure 150 - cmake --fresh "${CMAKE_ARGS[@]}"
+CONFIGURED=$?
+TARGETS=(kiln kiln-tests-cuda kiln-tests-core kiln-bench)
+if ((CONFIGURED == 0)); then
+  # -k 0 (Ninja) / -k (Make): keep going, so one broken file leaves the other targets built.
+  KEEP_GOING=-k
+  grep -q '^CMAKE_GENERATOR:INTERNAL=Ninja' "$BUILD/CMakeCache.txt" && KEEP_GOING="-k 0"
+  # shellcheck disable=SC2086
+  run_step build "${GPU_CHECK_BUILD_S:-330}" - cmake --build "$BUILD" -j "$JOBS" --target "${TARGETS[@]}" -- $KEEP_GOING
+  show sh -c "ldd '$BUILD/lib/libkiln.so' | grep -E 'jpeg|libz|cuda|nvrtc|fmt|gomp|stdc'"
+else
+  record build "skipped: configure failed" 0
+fi
+
+# --- 3. Tests --------------------------------------------------------------------------------
+run_tests() {  # name binary limit
+  if [ ! -x "$BUILD/bin/$2" ]; then
+    record "$1" "FAIL (not built)" 0
+    return
+  fi
+  echo "### $2 ($(date -u +%H:%M:%S))" >>"$TESTS"
+  run_step "$1" "$3" "$TESTS" "$BUILD/bin/$2" --durations yes
+  grep -E '^(All tests passed|test cases:)' "$STEP_OUT" | tee -a "$LOG" >/dev/null
+}
+run_tests tests-cuda kiln-tests-cuda 150
+
+# --- 4. kiln's training benchmark on the GPU -----------------------------------------------------
+if [ "$HAVE_GPU" != 1 ]; then
+  record bench-kiln "skipped: no GPU" 0
+elif [ ! -x "$BUILD/bin/kiln-bench" ]; then
+  record bench-kiln "FAIL (not built)" 0
+else
+  # shellcheck disable=SC2086
+  NOT_AVAILABLE_PATTERN='not available yet' run_step bench-kiln 120 - "$BUILD/bin/kiln-bench" train $KILN_BENCH_ARGS
+  collect_bench kiln
+fi
+
+# --- 5. The PyTorch baseline ---------------------------------------------------------------
+if [ "$HAVE_GPU" != 1 ]; then
+  record bench-pytorch "skipped: no GPU" 0
+else
+  # torch.compile gets at most 150 s for its first step, less when the budget is short, so
+  # that the eager line and the error line still come out before the step's timeout.
+  COMPILE_BUDGET_S=$((DEADLINE - $(date +%s) - RESERVE_S - 60))
+  ((COMPILE_BUDGET_S > 150)) && COMPILE_BUDGET_S=150
+  ((COMPILE_BUDGET_S < 20)) && COMPILE_BUDGET_S=20
+  # shellcheck disable=SC2086
+  run_step bench-pytorch 240 - python3 "$ROOT/tools/bench_torch.py" --compile-budget-s "$COMPILE_BUDGET_S" \
+    $TORCH_BENCH_ARGS
+  collect_bench pytorch
+fi
+
+# --- 6. The CPU tests of the core layer, on this machine's compiler ---------------------------
+run_tests tests-core kiln-tests-core 90
+
+# --- Summary -------------------------------------------------------------------------------
+TOTAL=$(($(date +%s) - START))
+{
+  echo "# kiln gpu-check"
+  echo
+  GPU_NAME=$(timeout 30 nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+  echo "$(date -u '+%Y-%m-%d %H:%M UTC'); GPU: ${GPU_NAME:-none}; CUDA" \
+    "$(nvcc --version 2>/dev/null | grep -o 'release [0-9.]*' | cut -d' ' -f2); $(c++ --version 2>/dev/null | head -1);" \
+    "${TOTAL} s in all; result: $([ $FAILED = 0 ] && echo ok || echo FAILED)"
+  echo
+  echo "| step | status | seconds |"
+  echo "|---|---|---|"
+  for i in "${!STEP_NAMES[@]}"; do
+    echo "| ${STEP_NAMES[$i]} | ${STEP_STATUS[$i]} | ${STEP_SECONDS[$i]} |"
+  done
+  echo
+  echo "## Tests"
+  echo
+  echo '```'
+  grep -E '^(### |All tests passed|test cases:|assertions:)' "$TESTS" || echo "(no test output)"
+  echo '```'
+  echo
+  echo "## Bench (bench.jsonl)"
+  echo
+  echo '```'
+  if [ -s "$BENCH" ]; then cat "$BENCH"; else echo "(no measurements)"; fi
+  echo '```'
+} >"$SUMMARY"
+say ""
+tee -a "$LOG" <"$SUMMARY"
+exit $FAILED
