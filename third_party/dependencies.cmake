@@ -38,10 +38,6 @@ if(NOT KILN_CUDA STREQUAL "OFF")
     find_package(CUDAToolkit QUIET)
   endif()
   if(CUDAToolkit_FOUND)
-    # CMake 3.31 and later list the CCCL folder after the toolkit's include folder. The
-    # sources get that folder as one string (-DKILN_CUDA_INCLUDE_DIR="..."), which a list
-    # would split, so keep only the first; CUDA::cudart and the other targets carry both.
-    list(GET CUDAToolkit_INCLUDE_DIRS 0 CUDAToolkit_INCLUDE_DIRS)
     set(KILN_HAVE_CUDA ON)
     message(STATUS "kiln: CUDA toolkit ${CUDAToolkit_VERSION} found (${CUDAToolkit_LIBRARY_DIR})")
   else()

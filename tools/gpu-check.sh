@@ -113,6 +113,14 @@ show sh -c 'command -v c++ g++; c++ --version | head -1; g++ --version | head -1
 show sh -c 'command -v cmake ninja ccache make; cmake --version | head -1; ninja --version'
 show python3 -c 'import sys, torch, torchvision; print(sys.executable, sys.version.split()[0]); print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version(), "available", torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else ""); print("torchvision", torchvision.__version__)'
 show du -sh "$DEPS"
+show sh -c 'ls /usr/local/cuda/lib64/ /usr/local/cuda/lib/ 2>/dev/null | grep -E "cudnn|cublas|nccl|nvrtc" | sort -u | head -20; ls /usr/local/cuda/include/cudnn.h'
+# cuDNN: the toolkit's own when it has one, else the one PyTorch's wheel brings.
+CUDNN_ROOT=${CUDNN_ROOT:-}
+if [ -z "$CUDNN_ROOT" ] && [ ! -e /usr/local/cuda/include/cudnn.h ]; then
+  CUDNN_ROOT=$(timeout 60 python3 -c 'import os, nvidia.cudnn as c; print(os.path.dirname(c.__file__) if c.__file__ else list(c.__path__)[0])' 2>/dev/null)
+fi
+say "cuDNN root: ${CUDNN_ROOT:-(the toolkit folder)}"
+[ -n "$CUDNN_ROOT" ] && export CUDNN_ROOT && show ls "$CUDNN_ROOT" "$CUDNN_ROOT/lib"
 
 HAVE_GPU=0
 if timeout 30 nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
@@ -146,7 +154,8 @@ CMAKE_ARGS+=(${GPU_CHECK_CMAKE_FLAGS:-})
 # --fresh: a build folder carried from another machine must not keep its cache.
 run_step configure 150 - cmake --fresh "${CMAKE_ARGS[@]}"
 CONFIGURED=$?
-TARGETS=(kiln kiln-tests-cuda kiln-tests-core kiln-bench)
+TARGETS=(kiln kiln-tests-cuda kiln-bench)
+[ "${GPU_CHECK_CORE_TESTS:-0}" = 1 ] && TARGETS+=(kiln-tests-core)
 if ((CONFIGURED == 0)); then
   # -k 0 (Ninja) / -k (Make): keep going, so one broken file leaves the other targets built.
   KEEP_GOING=-k
@@ -169,6 +178,10 @@ run_tests() {  # name binary limit
   grep -E '^(All tests passed|test cases:)' "$STEP_OUT" | tee -a "$LOG" >/dev/null
 }
 run_tests tests-cuda kiln-tests-cuda 150
+if [ "$HAVE_GPU" = 1 ] && [ -x "$BUILD/bin/kiln-bench" ]; then
+  run_step bench-ops 60 - "$BUILD/bin/kiln-bench" ops --device cuda
+  collect_bench kiln
+fi
 
 # --- 4. kiln's training benchmark on the GPU -----------------------------------------------------
 if [ "$HAVE_GPU" != 1 ]; then
@@ -196,8 +209,8 @@ else
   collect_bench pytorch
 fi
 
-# --- 6. The CPU tests of the core layer, on this machine's compiler ---------------------------
-run_tests tests-core kiln-tests-core 90
+# --- 6. The CPU tests of the core layer, on this machine's compiler (GPU_CHECK_CORE_TESTS=1) ---
+[ "${GPU_CHECK_CORE_TESTS:-0}" = 1 ] && run_tests tests-core kiln-tests-core 90
 
 # --- Summary -------------------------------------------------------------------------------
 TOTAL=$(($(date +%s) - START))

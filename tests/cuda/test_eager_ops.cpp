@@ -188,3 +188,62 @@ TEST_CASE("factory ops on the GPU give the CPU's values", "[cuda]") {
   KILN_CHECK_EQUAL(host(randn({100}, {.device = d}, &g1)), randn({100}, {}, &g2));
   KILN_CHECK_EQUAL(host(rand({7}, {.device = d}, &g1)), rand({7}, {}, &g2));
 }
+
+TEST_CASE("softmax and cross entropy on the GPU equal the CPU with gradients", "[cuda]") {
+  KILN_NEEDS_GPU();
+  for (DType dt : {DType::f32, DType::f64}) {
+    INFO(name(dt));
+    const Tensor x = values_in({6, 10}, -4, 4, dt);
+    check_same("softmax", [](auto& in) { return softmax(in[0], 1); }, {x});
+    check_same("log_softmax", [](auto& in) { return log_softmax(in[0], -1); }, {x});
+    check_same("softmax over dim 0", [](auto& in) { return softmax(in[0], 0); }, {x});
+    const Tensor y = values_in({6, 10}, 0, 1, dt, 4), g = values_in({6, 10}, -1, 1, dt, 5);
+    check_same("softmax_backward", [](auto& in) { return softmax_backward(in[0], in[1], 1); }, {g, softmax(y, 1)});
+    check_same("log_softmax_backward", [](auto& in) { return log_softmax_backward(in[0], in[1], 1); },
+               {g, log_softmax(y, 1)});
+  }
+  // Cross entropy (its loss runs through the host fallback for now), forward and backward.
+  const Tensor logits0 = values_in({8, 5}, -2, 2, DType::f64);
+  const Tensor target = from_vector<int64_t>({0, 4, 2, 2, 1, 3, 0, 4});
+  auto run = [&](Device d) {
+    Tensor logits = logits0.to(d).detach().requires_grad_();
+    const Tensor loss = cross_entropy(logits, target.to(d));
+    loss.backward();
+    return std::pair{host(loss), host(logits.grad())};
+  };
+  const auto [cpu_loss, cpu_grad] = run(Device::cpu());
+  const auto [gpu_loss, gpu_grad] = run(Device::cuda());
+  KILN_CHECK_CLOSE(gpu_loss, cpu_loss, 1e-12, 1e-12);
+  KILN_CHECK_CLOSE(gpu_grad, cpu_grad, 1e-12, 1e-12);
+  const std::vector<std::string> fallback = cuda::host_fallback_ops();
+  INFO(fmt::format("host fallback: {}", fmt::join(fallback, ", ")));
+  CHECK_FALSE(fallback.empty());
+}
+
+TEST_CASE("SGD and AdamW steps on the GPU equal the CPU's", "[cuda]") {
+  KILN_NEEDS_GPU();
+  // Three steps of each optimizer on the same parameters and gradients, on both devices; f32
+  // elementwise arithmetic in the same order (no FMA on the GPU: NVRTC gets --fmad=false).
+  auto run = [](Device d, bool adamw) {
+    Tensor w = values_in({7, 9}, -1, 1, DType::f32, 21).to(d).detach().requires_grad_();
+    Tensor b = values_in({9}, -1, 1, DType::f32, 22).to(d).detach().requires_grad_();
+    std::unique_ptr<optim::Optimizer> opt;
+    if (adamw) opt = std::make_unique<optim::AdamW>(std::vector<Tensor>{w, b}, optim::AdamWOptions{.lr = 0.01, .amsgrad = true});
+    else opt = std::make_unique<optim::SGD>(std::vector<Tensor>{w, b},
+                                            optim::SGDOptions{.lr = 0.1, .momentum = 0.9, .weight_decay = 1e-3, .nesterov = true});
+    for (int step = 0; step < 3; ++step) {
+      opt->zero_grad();
+      const Tensor x = values_in({4, 7}, -1, 1, DType::f32, 30 + static_cast<uint64_t>(step)).to(d);
+      sum(kiln::tanh(addmm(b, x, w))).backward();
+      opt->step();
+    }
+    return std::pair{host(w), host(b)};
+  };
+  for (bool adamw : {false, true}) {
+    INFO((adamw ? "AdamW" : "SGD"));
+    const auto [cw, cb] = run(Device::cpu(), adamw);
+    const auto [gw, gb] = run(Device::cuda(), adamw);
+    KILN_CHECK_CLOSE(gw, cw, 1e-5, 1e-6);
+    KILN_CHECK_CLOSE(gb, cb, 1e-5, 1e-6);
+  }
+}
