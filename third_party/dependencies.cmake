@@ -44,3 +44,22 @@ if(NOT KILN_CUDA STREQUAL "OFF")
     message(STATUS "kiln: no CUDA toolkit; building CPU-only")
   endif()
 endif()
+
+# cuDNN (optional, with the toolkit): cudnn.h and libcudnn beside the toolkit's include and
+# lib folders, or under CUDNN_ROOT (a CMake variable or the environment), e.g. a pip
+# package's site-packages/nvidia/cudnn with include/ and lib/libcudnn.so.9. A versioned
+# libcudnn.so.9 is accepted when there is no plain libcudnn.so.
+set(KILN_HAVE_CUDNN OFF)
+if(KILN_HAVE_CUDA)
+  set(KILN_CUDNN_HINTS ${CUDNN_ROOT} $ENV{CUDNN_ROOT} ${CUDAToolkit_LIBRARY_ROOT} ${CUDAToolkit_TARGET_DIR})
+  find_path(KILN_CUDNN_INCLUDE_DIR cudnn.h
+    HINTS ${KILN_CUDNN_HINTS} ${CUDAToolkit_INCLUDE_DIRS} PATH_SUFFIXES include)
+  find_library(KILN_CUDNN_LIBRARY NAMES cudnn libcudnn.so.9
+    HINTS ${KILN_CUDNN_HINTS} ${CUDAToolkit_LIBRARY_DIR} PATH_SUFFIXES lib lib64 lib/x64)
+  if(KILN_CUDNN_INCLUDE_DIR AND KILN_CUDNN_LIBRARY)
+    set(KILN_HAVE_CUDNN ON)
+    message(STATUS "kiln: cuDNN found (${KILN_CUDNN_LIBRARY}): conv, batch_norm and pooling on CUDA")
+  else()
+    message(STATUS "kiln: cuDNN not found (set CUDNN_ROOT): conv2d, batch_norm and pooling have no CUDA kernels")
+  endif()
+endif()
