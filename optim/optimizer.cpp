@@ -85,8 +85,6 @@ void Optimizer::step() {
       if (!g.defined()) continue;  // untouched by backward: skipped, as PyTorch
       KILN_CHECK(g.shape() == p.shape(), "{}.step: gradient {} does not match parameter {}",
                  name_, g.meta_str(), p.meta_str());
-      KILN_CHECK(p.device().is_cpu(), "{}.step: runs on CPU parameters, got {}", name_,
-                 p.meta_str());
       // The update ops write flat, in place: both must be contiguous, of one dtype.
       grads.push_back(g.to(p.dtype()).contiguous().detach());
       params.push_back(p.is_contiguous() ? p.detach() : p.contiguous().detach());

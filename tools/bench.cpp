@@ -1,6 +1,7 @@
 // kiln-bench: speed measured as ratios in one run. `kiln-bench ops` times single ops and
 // prints one JSON line each.
 #include <algorithm>
+#include <ranges>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -162,22 +163,28 @@ double median_of(std::vector<double> v) {
 
 // Times `step` (after `warmup` calls, the first of which is timed on its own: tracing and
 // compiling happen there) and measures the peak of live tensor bytes during the timed steps.
-TrainTiming time_steps(const std::function<void()>& step, int64_t warmup, int64_t steps) {
+// On a GPU each step ends with a device synchronization, so the time is the GPU's work.
+TrainTiming time_steps(const std::function<void()>& step, int64_t warmup, int64_t steps,
+                       Device device = Device::cpu()) {
+  auto run = [&] {
+    step();
+    if (device.is_cuda()) cuda::synchronize(device.index);
+  };
   TrainTiming t;
   for (int64_t i = 0; i < warmup; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
-    step();
+    run();
     if (i == 0) t.first_call_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
-  reset_peak_memory();
+  reset_peak_memory(device.type);
   std::vector<double> ms;
   for (int64_t i = 0; i < steps; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
-    step();
+    run();
     ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   }
   t.median_ms = median_of(ms);
-  t.peak_mib = static_cast<double>(memory_stats().peak) / 1048576.0;
+  t.peak_mib = static_cast<double>(memory_stats(device.type).peak) / 1048576.0;
   return t;
 }
 
@@ -185,16 +192,25 @@ TrainTiming time_steps(const std::function<void()>& step, int64_t warmup, int64_
 // `arch` on a synthetic batch, images per second, and the peak bytes of live tensors
 // during the timed steps (parameters, gradients and optimizer state included).
 int bench_train(const TrainBenchOptions& o) {
-  KILN_CHECK(o.device == "cpu", "kiln-bench train: --device {} is not available yet (no CUDA backend in this build)",
-             o.device);
+  KILN_CHECK(o.device == "cpu" || o.device == "cuda", "kiln-bench train: --device {}: expected cpu or cuda", o.device);
+  const Device device = o.device == "cuda" ? Device::cuda() : Device::cpu();
+  if (device.is_cuda()) {
+    KILN_CHECK(cuda::is_available(), "kiln-bench train: --device cuda: CUDA is not available: {}",
+               cuda::unavailable_reason());
+    KILN_CHECK(!o.compile, "kiln-bench train: --compile with --device cuda is not available yet (the compiled "
+               "program runs generated C++ kernels only; its CUDA runtime is to come)");
+    // As PyTorch's benchmark (tools/bench_torch.py) runs: TF32 for f32 products and convolutions.
+    cuda::set_allow_tf32(true);
+  }
   KILN_CHECK(o.batch > 0 && o.steps > 0 && o.warmup >= 1 && o.image_size > 0,
              "kiln-bench train: --batch, --steps, --warmup and --image-size must be positive");
   manual_seed(0);
   std::shared_ptr<nn::Module> model = train::make_model(o.arch, o.classes, 3, o.image_size);
+  model->to(device);
   optim::SGD sgd(model->parameters(), {.lr = 0.01, .momentum = 0.9, .weight_decay = 5e-5});
   const optim::Accumulation accumulation({.batch = o.batch, .micro_batch = o.micro_batch > 0 ? o.micro_batch : o.batch});
-  Tensor x = randn({o.batch, 3, o.image_size, o.image_size});
-  Tensor y = randint(0, o.classes, {o.batch});
+  Tensor x = randn({o.batch, 3, o.image_size, o.image_size}).to(device);
+  Tensor y = randint(0, o.classes, {o.batch}).to(device);
   int64_t parameters = 0;
   for (const Tensor& p : model->parameters()) parameters += p.numel();
   auto line = [&](const char* mode, const TrainTiming& t, const std::string& extra) {
@@ -206,8 +222,15 @@ int bench_train(const TrainBenchOptions& o) {
         t.median_ms, 1000.0 * static_cast<double>(o.batch) / t.median_ms, t.peak_mib, t.first_call_s, extra);
   };
   const TrainTiming eager =
-      time_steps([&] { train::train_step(*model, sgd, accumulation, x, y, 0.0); }, o.warmup, o.steps);
-  line("eager", eager, "");
+      time_steps([&] { train::train_step(*model, sgd, accumulation, x, y, 0.0); }, o.warmup, o.steps, device);
+  std::string extra;
+  if (device.is_cuda()) {
+    const std::vector<std::string> fallback = cuda::host_fallback_ops();
+    extra = fmt::format(R"(,"tf32":true,"reserved_mib":{:.1f},"host_fallback_ops":[{}])",
+                        static_cast<double>(cuda::allocator_stats(device.index).peak_reserved) / 1048576.0,
+                        fmt::join(fallback | std::views::transform([](const std::string& n) { return "\"" + n + "\""; }), ","));
+  }
+  line("eager", eager, extra);
   if (o.compile) {
     // The forward and backward of each micro-step compiled; the SGD update eager (as
     // kiln-train --compile runs it).

@@ -116,6 +116,11 @@ std::string KernelRenderer::expr_code(size_t e, bool unit) const {
     case ExprKind::constant: return literal(x.value, x.dtype);
     case ExprKind::cast:
       if (x.dtype == DType::boolean) return fmt::format("({} != 0)", args[0]);
+      // Floating to u8 or i32 goes through i64: defined for negative and large values (a
+      // direct conversion is undefined there; CUDA saturates, x86 wraps), and it wraps as
+      // the CPU kernels do on x86.
+      if ((x.dtype == DType::u8 || x.dtype == DType::i32) && is_floating(k_.exprs[static_cast<size_t>(x.args[0])].dtype))
+        return fmt::format("static_cast<{}>(static_cast<long long>({}))", register_type(x.dtype), args[0]);
       return rounded(fmt::format("static_cast<{}>({})", register_type(x.dtype), args[0]), x.dtype);
     case ExprKind::op:
       return rounded(fmt::format("kiln::scalar::{}({})", x.op, fmt::join(args, ", ")), x.dtype);
