@@ -38,7 +38,7 @@ class Fuser {
         push({n}, FusionGroup::view);
         continue;
       }
-      if (!on_cpu(node)) {  // the only target with generated code so far
+      if (!has_generated_target(node)) {
         flush();
         push({n}, FusionGroup::eager);
         continue;
@@ -72,9 +72,11 @@ class Fuser {
   }
 
  private:
-  static bool on_cpu(const Node& node) {
-    return std::all_of(node.outputs.begin(), node.outputs.end(),
-                       [](const TensorType& t) { return !t.defined || t.device.is_cpu(); });
+  // The devices with a code generator: the CPU (C++) and CUDA GPUs (NVRTC).
+  static bool has_generated_target(const Node& node) {
+    return std::all_of(node.outputs.begin(), node.outputs.end(), [](const TensorType& t) {
+      return !t.defined || t.device.is_cpu() || t.device.is_cuda();
+    });
   }
 
   std::optional<codegen::Kernel> pointwise_kernel(const std::vector<int32_t>& nodes) const {

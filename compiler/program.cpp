@@ -13,8 +13,10 @@
 #include <utility>
 
 #include "compiler/codegen/cpp.h"
+#include "compiler/codegen/cuda.h"
 #include "compiler/codegen/run.h"
 #include "compiler/run_graph.h"
+#include "core/cuda.h"
 #include "core/error.h"
 #include "core/grad_mode.h"
 #include "core/registry.h"
@@ -24,19 +26,40 @@ namespace kiln::compiler {
 Program::Program(Graph graph, int jobs) : graph_(std::move(graph)) {
   steps_ = fuse(graph_);
   kernel_of_.assign(steps_.size(), -1);
-  std::vector<std::pair<std::string, std::string>> sources;
+  // Each kernel is rendered for the device its outputs live on: C++ for the CPU, CUDA for a
+  // GPU (a step's graph is normally on one device; the per-kernel choice costs nothing).
+  std::vector<std::pair<std::string, std::string>> cpp_sources;
+  std::vector<size_t> cpp_kernels;
+  std::map<int, std::vector<size_t>> cuda_kernels;  // per GPU
   for (size_t s = 0; s < steps_.size(); ++s) {
     if (!steps_[s].is_kernel()) continue;
+    const codegen::Kernel& kernel = steps_[s].kernel;
     kernel_of_[s] = static_cast<int32_t>(kernels_.size());
     KernelStep k;
     k.step = static_cast<int32_t>(s);
-    k.source = codegen::render_cpp(steps_[s].kernel);
-    sources.emplace_back(k.source, codegen::cpp_symbol(steps_[s].kernel));
+    const codegen::Buffer& out0 = kernel.buffers[static_cast<size_t>(kernel.output_buffers().at(0))];
+    k.device = graph_.nodes()[static_cast<size_t>(out0.node)].outputs.at(static_cast<size_t>(out0.output_index)).device;
+    if (k.device.is_cuda()) {
+      k.source = codegen::render_cuda(kernel);
+      cuda_kernels[k.device.index].push_back(kernels_.size());
+    } else {
+      k.source = codegen::render_cpp(kernel);
+      cpp_sources.emplace_back(k.source, codegen::cpp_symbol(kernel));
+      cpp_kernels.push_back(kernels_.size());
+    }
     kernels_.push_back(std::move(k));
   }
+  for (Value v : graph_.inputs())
+    if (graph_.type(v).device.is_cuda()) gpu_ = graph_.type(v).device.index;
   plan_releases();
-  const std::vector<codegen::CompiledKernel> compiled = codegen::compile_cpp_batch(sources, jobs);
-  for (size_t k = 0; k < kernels_.size(); ++k) kernels_[k].compiled = compiled[k];
+  const std::vector<codegen::CompiledKernel> compiled = codegen::compile_cpp_batch(cpp_sources, jobs);
+  for (size_t i = 0; i < cpp_kernels.size(); ++i) kernels_[cpp_kernels[i]].compiled = compiled[i];
+  for (const auto& [device, ks] : cuda_kernels) {
+    std::vector<const codegen::Kernel*> kernels;
+    for (size_t k : ks) kernels.push_back(&steps_[static_cast<size_t>(kernels_[k].step)].kernel);
+    const std::vector<codegen::CudaFunction> loaded = codegen::load_cuda_kernels(kernels, Device::cuda(device), jobs);
+    for (size_t i = 0; i < ks.size(); ++i) kernels_[ks[i]].cuda = loaded[i];
+  }
 }
 
 void Program::plan_releases() {
@@ -94,6 +117,7 @@ std::vector<Tensor> Program::run(const std::vector<Tensor>& inputs) const {
   // Adds the time since step_start to step s (profiling only).
   auto clock_step = [&](size_t s) {
     if (!profiling_) return;
+    if (gpu_ >= 0) cuda::synchronize(gpu_);  // the step's GPU work, not its launch
     const Clock::time_point now = Clock::now();
     step_ms_[s] += std::chrono::duration<double, std::milli>(now - step_start).count();
     step_start = now;
@@ -134,7 +158,10 @@ std::vector<Tensor> Program::run(const std::vector<Tensor>& inputs) const {
       kernel_outputs.push_back(std::move(out));
     }
     const KernelStep& k = kernels_[static_cast<size_t>(kernel_of_[s])];
-    codegen::run_kernel(k.compiled, kernel, kernel_inputs, kernel_outputs);
+    if (k.device.is_cuda())
+      codegen::run_cuda_kernel(k.cuda, kernel, kernel_inputs, kernel_outputs);
+    else
+      codegen::run_kernel(k.compiled, kernel, kernel_inputs, kernel_outputs);
     kernel_inputs.clear();
     kernel_outputs.clear();
     for (int32_t n : release_after_[s]) values[static_cast<size_t>(n)].clear();

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "compiler/codegen/cuda_run.h"
 #include "compiler/codegen/jit.h"
 #include "compiler/fusion.h"
 #include "compiler/ir/graph.h"
@@ -59,8 +60,10 @@ class Program {
   void plan_releases();
   struct KernelStep {
     int32_t step = -1;  // index into steps_
-    std::string source;
-    codegen::CompiledKernel compiled;
+    Device device;      // where its outputs live: the CPU (C++ target) or a GPU (CUDA target)
+    std::string source;  // the rendering for that target
+    codegen::CompiledKernel compiled;  // C++ target
+    codegen::CudaFunction cuda;        // CUDA target
   };
   Graph graph_;
   std::vector<FusionGroup> steps_;
@@ -69,6 +72,7 @@ class Program {
   // after it so that their memory goes back to the allocator (the peak follows liveness).
   std::vector<std::vector<int32_t>> release_after_;
   std::vector<KernelStep> kernels_;
+  int gpu_ = -1;  // the GPU the graph's tensors are on (-1: none): profiling waits for it
   bool profiling_ = false;
   mutable std::vector<double> step_ms_;  // per step: total milliseconds while profiling
   mutable int64_t profiled_runs_ = 0;

@@ -38,6 +38,8 @@ void empty_cache() {}
 void set_allow_tf32(bool) {}
 bool allow_tf32() { return false; }
 std::vector<std::string> host_fallback_ops() { return {}; }
+void set_cudnn_benchmark(bool) {}
+bool cudnn_benchmark() { return false; }
 
 }  // namespace kiln::cuda
 

@@ -80,6 +80,12 @@ class Event {
 void set_allow_tf32(bool allow);
 bool allow_tf32();
 
+// How convolutions choose their cuDNN algorithm: by cuDNN's heuristics (false, the
+// default), or by timing every applicable algorithm once per shape and keeping the fastest
+// (true, like torch.backends.cudnn.benchmark; the first call of each shape is slower).
+void set_cudnn_benchmark(bool on);
+bool cudnn_benchmark();
+
 // The ops that ran on CUDA tensors through the host fallback since the process started
 // (copied to the CPU, computed there, copied back: correct and slow), sorted; ops get real
 // CUDA kernels one by one and leave the fallback.

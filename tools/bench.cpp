@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -188,6 +189,37 @@ TrainTiming time_steps(const std::function<void()>& step, int64_t warmup, int64_
   return t;
 }
 
+// Where an eager GPU step's time goes: one step with the device synchronized after every
+// op, the time from the end of one op to the end of the next charged to the latter (its
+// GPU work, its launch and the host work before it), summed per op name, on stderr.
+void profile_cuda_step(const std::function<void()>& step, Device device) {
+  std::map<std::string, std::pair<double, int64_t>> per_op;  // ms, calls
+  cuda::synchronize(device.index);
+  auto last = std::chrono::steady_clock::now();
+  const auto start = last;
+  {
+    OpHookGuard hook([&](const OpCall& call) {
+      cuda::synchronize(device.index);
+      const auto now = std::chrono::steady_clock::now();
+      auto& [ms, calls] = per_op[call.op.name];
+      ms += std::chrono::duration<double, std::milli>(now - last).count();
+      ++calls;
+      last = now;
+    });
+    step();
+    cuda::synchronize(device.index);
+  }
+  const double total = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  std::vector<std::pair<std::string, std::pair<double, int64_t>>> rows(per_op.begin(), per_op.end());
+  std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.first > b.second.first; });
+  std::cerr << fmt::format("eager GPU step, synchronized after every op: {:.1f} ms\n{:<32}{:>10}{:>8}{:>8}\n", total,
+                           "op", "ms", "calls", "%");
+  for (const auto& [name, v] : rows)
+    std::cerr << fmt::format("{:<32}{:>10.2f}{:>8}{:>7.1f}%\n", name, v.first, v.second, 100.0 * v.first / total);
+  const std::vector<std::string> fallback = cuda::host_fallback_ops();
+  std::cerr << fmt::format("host fallback ops: {}\n", fmt::join(fallback, ", "));
+}
+
 // One JSON line: the median time of an optimizer step (forward, backward, SGD update) of
 // `arch` on a synthetic batch, images per second, and the peak bytes of live tensors
 // during the timed steps (parameters, gradients and optimizer state included).
@@ -197,8 +229,6 @@ int bench_train(const TrainBenchOptions& o) {
   if (device.is_cuda()) {
     KILN_CHECK(cuda::is_available(), "kiln-bench train: --device cuda: CUDA is not available: {}",
                cuda::unavailable_reason());
-    KILN_CHECK(!o.compile, "kiln-bench train: --compile with --device cuda is not available yet (the compiled "
-               "program runs generated C++ kernels only; its CUDA runtime is to come)");
     // As PyTorch's benchmark (tools/bench_torch.py) runs: TF32 for f32 products and convolutions.
     cuda::set_allow_tf32(true);
   }
@@ -231,6 +261,7 @@ int bench_train(const TrainBenchOptions& o) {
                         fmt::join(fallback | std::views::transform([](const std::string& n) { return "\"" + n + "\""; }), ","));
   }
   line("eager", eager, extra);
+  if (o.profile && device.is_cuda()) profile_cuda_step([&] { train::train_step(*model, sgd, accumulation, x, y, 0.0); }, device);
   if (o.compile) {
     // The forward and backward of each micro-step compiled; the SGD update eager (as
     // kiln-train --compile runs it).
@@ -240,7 +271,7 @@ int bench_train(const TrainBenchOptions& o) {
     // defined (accumulation), each a graph of its own.
     const TrainTiming timed = time_steps(
         [&] { train::train_step_compiled(compiled, sgd, accumulation, x, y); }, std::max<int64_t>(o.warmup, 2),
-        o.steps);
+        o.steps, device);
     line("compiled", timed,
          fmt::format(R"(,"graphs":{},"speedup_vs_eager":{:.3f},"peak_ratio_vs_eager":{:.3f})", compiled.cache_size(),
                      eager.median_ms / timed.median_ms, timed.peak_mib / eager.peak_mib));
@@ -252,7 +283,7 @@ int bench_train(const TrainBenchOptions& o) {
     // what that costs.
     compiler::CompiledFunction whole =
         compiler::compile(train::whole_step_function(*model, sgd, accumulation, 0.0), {.profile = o.profile});
-    const TrainTiming whole_timed = time_steps([&] { whole({x, y}); }, std::max<int64_t>(o.warmup, 2), o.steps);
+    const TrainTiming whole_timed = time_steps([&] { whole({x, y}); }, std::max<int64_t>(o.warmup, 2), o.steps, device);
     line("compiled-whole-step", whole_timed,
          fmt::format(R"(,"graphs":{},"speedup_vs_eager":{:.3f},"peak_ratio_vs_eager":{:.3f})", whole.cache_size(),
                      eager.median_ms / whole_timed.median_ms, whole_timed.peak_mib / eager.peak_mib));

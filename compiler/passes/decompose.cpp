@@ -44,15 +44,16 @@ Attrs reduce_attrs(const std::vector<int64_t>& dims, bool keepdim, std::optional
   return a;
 }
 
-// Only the CPU runs generated kernels; elsewhere the library's fused kernel is better.
-bool on_cpu(const Rewriter& rw, Value v) { return rw.type(v).device.is_cpu(); }
+// Decomposed ops become generated kernels, which the CPU and CUDA targets have; another
+// device would keep its library's fused kernel.
+bool has_generated_target(const Rewriter& rw, Value v) { return rw.type(v).device.is_cpu() || rw.type(v).device.is_cuda(); }
 
 // layer_norm(x, w?, b?) -> (out, mean, rstd), as kernels/cpu/norm.cpp computes it per row:
 //   m = mean(x) and var = mean((x - m)^2) in f64, rstd = 1 / sqrt(var + eps) in f64,
 //   out = ((x - m) * rstd * w + b) in the compute type, with m and rstd rounded to it.
 Replacement layer_norm(Rewriter& rw, const Candidate& c) {
   const Value x = c.inputs[0], w = c.inputs[1], b = c.inputs[2];
-  if (!on_cpu(rw, x)) return std::nullopt;
+  if (!has_generated_target(rw, x)) return std::nullopt;
   const TensorType& xt = rw.type(x);
   const NormDims d = norm_dims(xt.shape, c.attrs.ints("normalized_shape"));
   if (d.normalized.empty()) return std::nullopt;
@@ -83,7 +84,7 @@ Replacement layer_norm(Rewriter& rw, const Candidate& c) {
 //   dx = rstd * (gw - mean(gw) - xhat * mean(gw * xhat)), the means in f64.
 Replacement layer_norm_backward(Rewriter& rw, const Candidate& c) {
   const Value g_in = c.inputs[0], x = c.inputs[1], mean_in = c.inputs[2], rstd_in = c.inputs[3], w = c.inputs[4];
-  if (!on_cpu(rw, x)) return std::nullopt;
+  if (!has_generated_target(rw, x)) return std::nullopt;
   const TensorType& xt = rw.type(x);
   const NormDims d = norm_dims(xt.shape, c.attrs.ints("normalized_shape"));
   // The kernel reads the statistics by row whatever their shape; only the layout

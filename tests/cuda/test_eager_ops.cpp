@@ -247,3 +247,15 @@ TEST_CASE("SGD and AdamW steps on the GPU equal the CPU's", "[cuda]") {
     KILN_CHECK_CLOSE(gb, cb, 1e-5, 1e-6);
   }
 }
+
+TEST_CASE("reductions of many elements to few outputs run in two passes on the GPU", "[cuda]") {
+  KILN_NEEDS_GPU();
+  const Tensor x = values_in({3, 1 << 17}, -1, 1, DType::f32);
+  KILN_CHECK_CLOSE(host(sum(gpu(x))), sum(x), 1e-6, 1e-3);
+  KILN_CHECK_CLOSE(host(sum(gpu(x), {1}, true)), sum(x, {1}, true), 1e-6, 1e-3);
+  KILN_CHECK_CLOSE(host(mean(gpu(x).t(), {0})), mean(x.t(), {0}), 1e-6, 1e-6);
+  KILN_CHECK_EQUAL(host(amax(gpu(x))), amax(x));
+  KILN_CHECK_EQUAL(host(amin(gpu(x), {1})), amin(x, {1}));
+  const Tensor i = testing::small_integers({1 << 18}, DType::i32);
+  KILN_CHECK_EQUAL(host(sum(gpu(i))), sum(i));
+}

@@ -1,0 +1,80 @@
+#include "compiler/codegen/cuda_run.h"
+
+#include "core/error.h"
+
+#if defined(KILN_HAVE_CUDA)
+
+#include <mutex>
+
+#include "compiler/codegen/cuda.h"
+#include "compiler/codegen/run.h"
+#include "kernels/cuda/nvrtc.h"
+#include "kernels/cuda/runtime.h"
+
+namespace kiln::compiler::codegen {
+
+const std::string& cuda_arch(Device device) {
+  static std::mutex mutex;
+  static std::vector<std::string> archs;
+  std::lock_guard lock(mutex);
+  if (archs.empty())
+    for (int d = 0; d < cuda::device_count(); ++d) archs.push_back(cuda::device_properties(d).arch());
+  KILN_CHECK(device.is_cuda() && device.index >= 0 && device.index < static_cast<int>(archs.size()),
+             "cuda kernels: device {} is not available{}", device,
+             cuda::is_available() ? "" : ": " + cuda::unavailable_reason());
+  return archs[static_cast<size_t>(device.index)];
+}
+
+std::vector<CudaFunction> load_cuda_kernels(const std::vector<const Kernel*>& kernels, Device device, int jobs) {
+  const std::string& arch = cuda_arch(device);
+  std::vector<std::pair<std::string, std::string>> sources;
+  for (const Kernel* k : kernels) sources.emplace_back(render_cuda(*k), cuda_symbol(*k));
+  const std::vector<cuda::CudaBinary> binaries = cuda::compile_cuda_batch(sources, {.arch = arch}, jobs);
+  std::vector<CudaFunction> out;
+  for (size_t i = 0; i < kernels.size(); ++i) {
+    const cuda::LoadedKernel loaded = cuda::load_kernel(binaries[i].cubin, sources[i].second);
+    out.push_back({loaded.handle, loaded.name, arch});
+  }
+  return out;
+}
+
+void run_cuda_kernel(const CudaFunction& function, const Kernel& kernel, std::span<const Tensor> inputs,
+                     std::span<const Tensor> outputs) {
+  KILN_CHECK(function.handle != nullptr, "run_cuda_kernel {}: the kernel is not loaded", kernel.name);
+  KILN_CHECK(!outputs.empty(), "run_cuda_kernel {}: no outputs", kernel.name);
+  const Device device = outputs[0].device();
+  std::vector<Tensor> bound(inputs.begin(), inputs.end());
+  for (Tensor& t : bound)
+    if (t.defined() && t.device() != device) {
+      KILN_CHECK(t.device().is_cpu() && t.numel() == 1, "run_cuda_kernel {}: input {} is not on {}", kernel.name,
+                 t.meta_str(), device);
+      t = t.to(device);  // a CPU scalar (an lr, a loss weight): copied over
+    }
+  KernelCall call = kernel_call(kernel, bound, outputs);
+  if (call.args.empty()) call.args.push_back(0);  // the argument struct is never empty
+  std::vector<void*> params;
+  for (void*& b : call.buffers) params.push_back(&b);
+  params.push_back(call.args.data());
+  const CudaLaunch shape = cuda_launch_shape(kernel, call.args);
+  if (shape.grid == 0) return;
+  cuda::launch({static_cast<cudaKernel_t>(function.handle), function.name}, {shape.grid, shape.block, shape.shared_bytes},
+               params.data(), device.index);
+}
+
+}  // namespace kiln::compiler::codegen
+
+#else
+
+namespace kiln::compiler::codegen {
+
+const std::string& cuda_arch(Device device) { fail("cuda kernels: device {} is not available: this build of kiln has no CUDA backend", device); }
+std::vector<CudaFunction> load_cuda_kernels(const std::vector<const Kernel*>&, Device device, int) {
+  fail("cuda kernels: device {} is not available: this build of kiln has no CUDA backend", device);
+}
+void run_cuda_kernel(const CudaFunction&, const Kernel& kernel, std::span<const Tensor>, std::span<const Tensor>) {
+  fail("run_cuda_kernel {}: this build of kiln has no CUDA backend", kernel.name);
+}
+
+}  // namespace kiln::compiler::codegen
+
+#endif
