@@ -14,7 +14,8 @@
 # Knobs (environment): GPU_CHECK_BUDGET_S (450), JOBS (nproc), GPU_DEPS (.gpu-deps),
 # GPU_CHECK_BUILD (build-gpu), GPU_CHECK_CMAKE_FLAGS (extra configure flags),
 # GPU_CHECK_BUILD_S (330, the build step's limit), KILN_BENCH_ARGS, TORCH_BENCH_ARGS,
-# GPU_CHECK_FORCE_GPU=0|1 (overrides the GPU detection).
+# GPU_CHECK_FORCE_GPU=0|1 (overrides the GPU detection), GPU_CHECK_SKIP_TORCH=1 (no PyTorch
+# baseline), GPU_CHECK_CORE_TESTS=1 (the core tests too).
 set -u -o pipefail
 
 cd "$(dirname "$0")/.." || exit 2
@@ -154,7 +155,7 @@ CMAKE_ARGS+=(${GPU_CHECK_CMAKE_FLAGS:-})
 # --fresh: a build folder carried from another machine must not keep its cache.
 run_step configure 150 - cmake --fresh "${CMAKE_ARGS[@]}"
 CONFIGURED=$?
-TARGETS=(kiln kiln-tests-cuda kiln-bench)
+TARGETS=(kiln kiln-tests-cuda kiln-bench kiln-tests-tools kiln-train)
 [ "${GPU_CHECK_CORE_TESTS:-0}" = 1 ] && TARGETS+=(kiln-tests-core)
 if ((CONFIGURED == 0)); then
   # -k 0 (Ninja) / -k (Make): keep going, so one broken file leaves the other targets built.
@@ -178,6 +179,16 @@ run_tests() {  # name binary limit
   grep -E '^(All tests passed|test cases:)' "$STEP_OUT" | tee -a "$LOG" >/dev/null
 }
 run_tests tests-cuda kiln-tests-cuda 150
+if [ -x "$BUILD/bin/kiln-tests-tools" ]; then
+  echo "### kiln-tests-tools [cuda] ($(date -u +%H:%M:%S))" >>"$TESTS"
+  run_step tests-tools-cuda 120 "$TESTS" "$BUILD/bin/kiln-tests-tools" "[cuda]" --durations yes
+else
+  record tests-tools-cuda "FAIL (not built)" 0
+fi
+if [ "$HAVE_GPU" = 1 ] && [ -x "$BUILD/bin/kiln-train" ]; then
+  run_step train-cuda 90 - "$BUILD/bin/kiln-train" --data synthetic --arch resnet18 --device cuda --steps 20 \
+    --batch 64 --micro-batch 32 --workers 4 --print-every 5
+fi
 if [ "$HAVE_GPU" = 1 ] && [ -x "$BUILD/bin/kiln-bench" ]; then
   run_step bench-ops 60 - "$BUILD/bin/kiln-bench" ops --device cuda
   collect_bench kiln
@@ -200,6 +211,8 @@ fi
 # --- 5. The PyTorch baseline ---------------------------------------------------------------
 if [ "$HAVE_GPU" != 1 ]; then
   record bench-pytorch "skipped: no GPU" 0
+elif [ "${GPU_CHECK_SKIP_TORCH:-0}" = 1 ]; then
+  record bench-pytorch "skipped: GPU_CHECK_SKIP_TORCH=1" 0
 else
   # torch.compile gets at most 150 s for its first step, less when the budget is short, so
   # that the eager line and the error line still come out before the step's timeout.

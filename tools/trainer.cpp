@@ -12,6 +12,7 @@
 #include <optional>
 #include <ostream>
 
+#include "core/cuda.h"
 #include "core/error.h"
 #include "core/generator.h"
 #include "core/grad_mode.h"
@@ -162,8 +163,11 @@ void check_available(const Config& c) {
              "kiln-train: --channels-last is not available yet: eager tensors are NCHW only (the compiler's layout "
              "pass will choose NHWC)");
   KILN_CHECK(c.device == "cpu" || c.device == "cuda", "kiln-train: --device {}: expected cpu or cuda", c.device);
-  KILN_CHECK(c.device == "cpu",
-             "kiln-train: --device cuda is not available yet: this build of kiln has no CUDA backend; use --device cpu");
+  KILN_CHECK(c.device == "cpu" || cuda::is_available(), "kiln-train: --device cuda: CUDA is not available: {}",
+             cuda::unavailable_reason());
+  KILN_CHECK(c.device == "cpu" || !c.micro_batch_auto,
+             "kiln-train: --micro-batch auto is not available yet with --device cuda (it measures the CPU "
+             "allocator); give --micro-batch N");
   KILN_CHECK(c.batch > 0, "kiln-train: --batch {} must be positive", c.batch);
   KILN_CHECK(c.micro_batch >= 0 && c.micro_batch <= c.batch,
              "kiln-train: --micro-batch {} must be between 1 and --batch {}", c.micro_batch, c.batch);
@@ -178,21 +182,29 @@ struct Evaluation {
   double loss = 0, accuracy = 0;
 };
 
-Evaluation evaluate(nn::Module& model, data::Loader& loader, const std::string& arch) {
+Evaluation evaluate(nn::Module& model, data::Loader& loader, const std::string& arch, Device device) {
   NoGradGuard no_grad;
   model.eval();
   double loss_sum = 0;
   int64_t correct = 0, total = 0;
   for (data::Batch& batch : loader.epoch(0)) {
-    Tensor x = arch == "mlp" ? batch.input.flatten(1) : batch.input;
+    const Tensor input = batch.input.to(device), target = batch.target.to(device);
+    Tensor x = arch == "mlp" ? input.flatten(1) : input;
     Tensor logits = model(x);
-    loss_sum += cross_entropy(logits, batch.target).item<double>() * batch.size();
-    correct += sum(eq(argmax(logits, 1), batch.target)).item<int64_t>();
+    loss_sum += cross_entropy(logits, target).item<double>() * batch.size();
+    correct += sum(eq(argmax(logits, 1), target)).item<int64_t>();
     total += batch.size();
   }
   model.train();
   if (total == 0) return {};
   return {loss_sum / total, static_cast<double>(correct) / total};
+}
+
+// The model's weights and buffers as CPU tensors (copies when the model is on a GPU).
+StateDict state_on_cpu(const nn::Module& model) {
+  StateDict state = model.state_dict();
+  for (auto& [name, t] : state) t = t.to(Device::cpu());
+  return state;
 }
 
 std::string json_number(double v) { return std::isfinite(v) ? fmt::format("{}", v) : "null"; }
@@ -338,6 +350,9 @@ Result run(const Config& c, std::ostream& out) {
   const int64_t classes = d.train->num_classes();
   manual_seed(c.seed);
   std::shared_ptr<nn::Module> model = make_model(c.arch, classes, shape[0], shape[1]);
+  // The loader makes batches on the CPU; each step copies its batch to the device.
+  const Device device = c.device == "cuda" ? Device::cuda() : Device::cpu();
+  model->to(device);
   // Batch norm in training mode rejects a batch of one sample (one value per channel at
   // the last stage), so a last batch of one is dropped, as PyTorch users do with drop_last.
   const bool batch_norm = has_batch_norm(*model);
@@ -441,9 +456,9 @@ Result run(const Config& c, std::ostream& out) {
     int64_t batch_index = start;
     for (data::Batch& batch : train_loader.epoch(epoch, start)) {
       const auto t0 = Clock::now();
-      const StepStats s =
-          compiled ? train_step_compiled(*compiled, *optimizer, accumulation, batch.input, batch.target)
-                   : train_step(*model, *optimizer, accumulation, batch.input, batch.target, c.label_smoothing);
+      const Tensor input = batch.input.to(device), target = batch.target.to(device);
+      const StepStats s = compiled ? train_step_compiled(*compiled, *optimizer, accumulation, input, target)
+                                   : train_step(*model, *optimizer, accumulation, input, target, c.label_smoothing);
       const double lr = optimizer->param_groups().front().lr();
       scheduler.step();
       ++step;
@@ -472,7 +487,7 @@ Result run(const Config& c, std::ostream& out) {
                              result.checkpoint.string(), dir.string());
         result.interrupted = true;
         result.steps = step;
-        result.model = model->state_dict();
+        result.model = state_on_cpu(*model);
         return result;
       }
       if (step >= total_steps) break;
@@ -483,7 +498,7 @@ Result run(const Config& c, std::ostream& out) {
                        .train_accuracy = seen ? static_cast<double>(correct) / seen : 0,
                        .images_per_second = seen_now / std::max(seconds_since(epoch_start), 1e-9)};
     if (val_loader) {
-      const Evaluation e = evaluate(*model, *val_loader, c.arch);
+      const Evaluation e = evaluate(*model, *val_loader, c.arch, device);
       record.val_loss = e.loss;
       record.val_accuracy = e.accuracy;
     }
@@ -517,7 +532,7 @@ Result run(const Config& c, std::ostream& out) {
   if (compiled && !c.quiet)
     out << fmt::format("compiled: {} graphs ({} recompiles)\n", compiled->cache_size(), compiled->recompiles());
   result.steps = step;
-  result.model = model->state_dict();
+  result.model = state_on_cpu(*model);
   return result;
 }
 
