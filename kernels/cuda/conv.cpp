@@ -12,13 +12,20 @@
 // Algorithms: cudnnGet*Algorithm_v7's heuristic ranking, tried in order until one runs
 // (some refuse a configuration only at run time), skipping any whose workspace exceeds
 // kMaxWorkspace; the first that runs is cached per (direction, shapes, layout, dtype,
-// attributes, math type, device).
+// attributes, math type, device). With set_cudnn_benchmark(true) the first call of a shape
+// times every algorithm instead (cudnnFind*AlgorithmEx on the call's own buffers) and the
+// fastest that runs is cached under its own key; a search that fails (out of memory, say)
+// falls back to the heuristics. No determinism is asked for: non-deterministic algorithms
+// (atomics in backward_filter) count like the others, as in PyTorch without
+// use_deterministic_algorithms.
 //
 // Math: f32 uses TF32 tensor cores only when kiln::cuda::allow_tf32() is true; PyTorch's
 // default for convolutions is TF32 on (torch.backends.cudnn.allow_tf32), ours follows the
 // matmul flag (off) for now. "Off" is CUDNN_FMA_MATH: CUDNN_DEFAULT_MATH lets cuDNN use TF32
 // for f32 on Ampere and later. f16 and bf16 use tensor cores with f32 accumulation; f64
 // uses the default.
+#include <algorithm>
+#include <atomic>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -94,11 +101,20 @@ bool math_allowed(const ConvCall& c, cudnnMathType_t algo_math) {
   return true;
 }
 
+// Appends the usable results of a heuristics query or a timed search, in cuDNN's order
+// (best first): those that succeeded, fit max_bytes of workspace and respect the math type.
+// A timed algorithm runs in the math type it was timed with, except f32 without TF32,
+// which always runs CUDNN_FMA_MATH (CUDNN_DEFAULT_MATH would allow TF32 again); one timed
+// with down-conversion (f32 data on f16 tensor cores) is never adopted, as we never ask for it.
 template <class Perf>
-void keep(const ConvCall& c, const Perf* perf, int count, std::vector<Candidate>& out) {
-  for (int i = 0; i < count; ++i)
-    if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= kMaxWorkspace && math_allowed(c, perf[i].mathType))
-      out.push_back({static_cast<int>(perf[i].algo), c.math});
+void keep(const ConvCall& c, const Perf* perf, int count, size_t max_bytes, bool timed, std::vector<Candidate>& out) {
+  for (int i = 0; i < count; ++i) {
+    const Perf& p = perf[i];
+    if (p.status != CUDNN_STATUS_SUCCESS || p.memory > max_bytes || !math_allowed(c, p.mathType)) continue;
+    if (timed && p.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION) continue;
+    const cudnnMathType_t math = timed && c.math != CUDNN_FMA_MATH ? p.mathType : c.math;
+    out.push_back({static_cast<int>(p.algo), math});
+  }
 }
 
 std::vector<Candidate> candidates(cudnnHandle_t h, const ConvCall& c) {
@@ -111,7 +127,7 @@ std::vector<Candidate> candidates(cudnnHandle_t h, const ConvCall& c) {
       dnn::check(cudnnGetConvolutionForwardAlgorithm_v7(h, c.x.get(), c.w.get(), c.conv.get(), c.y.get(),
                                                         CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &count, perf),
                  op);
-      keep(c, perf, count, out);
+      keep(c, perf, count, kMaxWorkspace, false, out);
       break;
     }
     case Direction::backward_data: {
@@ -119,7 +135,7 @@ std::vector<Candidate> candidates(cudnnHandle_t h, const ConvCall& c) {
       dnn::check(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, c.w.get(), c.y.get(), c.conv.get(), c.x.get(),
                                                              CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &count, perf),
                  op);
-      keep(c, perf, count, out);
+      keep(c, perf, count, kMaxWorkspace, false, out);
       break;
     }
     case Direction::backward_filter: {
@@ -128,7 +144,7 @@ std::vector<Candidate> candidates(cudnnHandle_t h, const ConvCall& c) {
                                                                CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &count,
                                                                perf),
                  op);
-      keep(c, perf, count, out);
+      keep(c, perf, count, kMaxWorkspace, false, out);
       break;
     }
   }
@@ -180,24 +196,106 @@ cudnnStatus_t execute(cudnnHandle_t h, const ConvCall& c, int algo, const Tensor
   }
 }
 
-// Runs the call with the cached algorithm, or finds one: the heuristics' candidates in
-// order until one runs.
+std::atomic<bool> g_benchmark{false};
+std::atomic<int64_t> g_searches{0};
+
+// Memory a timed search leaves free for everything else (cuDNN's own scratch, other streams).
+constexpr size_t kSearchMargin = size_t{256} << 20;
+
+// The workspace a timed search may use: kMaxWorkspace (which bounds every algorithm the
+// heuristics offer, so their choice always fits) but no more than the device's free memory
+// less kSearchMargin. Memory the caching allocator holds in its cache is not counted free,
+// which errs on the small side.
+size_t search_workspace_cap() {
+  size_t free_bytes = 0, total_bytes = 0;
+  if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {
+    cudaGetLastError();  // clear it: a failed query is no reason to fail the convolution
+    return 0;
+  }
+  return std::min(kMaxWorkspace, free_bytes > kSearchMargin ? free_bytes - kSearchMargin : 0);
+}
+
+// Times every algorithm on the call's own buffers (cudnnFind*AlgorithmEx writes the
+// output, y, x or w by direction, which the real call overwrites right after) and returns
+// the usable ones, fastest first. Empty when the search fails (no memory for the workspace,
+// a cuDNN error): the caller then takes the heuristics' choice.
+std::vector<Candidate> timed_candidates(cudnnHandle_t h, const ConvCall& c, Device device, void* x, void* w, void* y) {
+  g_searches.fetch_add(1);
+  std::vector<Candidate> out;
+  try {
+    const size_t cap = search_workspace_cap();
+    const Tensor ws = cap ? dnn::workspace(static_cast<int64_t>(cap), device) : Tensor();
+    void* wsp = ws.defined() ? ws.data_ptr() : nullptr;
+    auto find = [&](auto& perf, int requested, auto&& call) {
+      int count = 0;
+      if (call(requested, &count, perf) == CUDNN_STATUS_SUCCESS) keep(c, perf, count, cap, true, out);
+    };
+    switch (c.dir) {
+      case Direction::forward: {
+        cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+        find(perf, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, [&](int n, int* count, auto* p) {
+          return cudnnFindConvolutionForwardAlgorithmEx(h, c.x.get(), x, c.w.get(), w, c.conv.get(), c.y.get(), y, n,
+                                                        count, p, wsp, cap);
+        });
+        break;
+      }
+      case Direction::backward_data: {
+        cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+        find(perf, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, [&](int n, int* count, auto* p) {
+          return cudnnFindConvolutionBackwardDataAlgorithmEx(h, c.w.get(), w, c.y.get(), y, c.conv.get(), c.x.get(),
+                                                             x, n, count, p, wsp, cap);
+        });
+        break;
+      }
+      case Direction::backward_filter: {
+        cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+        find(perf, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, [&](int n, int* count, auto* p) {
+          return cudnnFindConvolutionBackwardFilterAlgorithmEx(h, c.x.get(), x, c.y.get(), y, c.conv.get(),
+                                                               c.w.get(), w, n, count, p, wsp, cap);
+        });
+        break;
+      }
+    }
+  } catch (const Error&) {  // the workspace's allocation failed
+    out.clear();
+  }
+  // A failed search may leave a CUDA error behind (an allocation inside cuDNN): it must not
+  // surface in the next unrelated check.
+  if (out.empty()) cudaGetLastError();
+  return out;
+}
+
+// Runs the call with the cached algorithm, or chooses one: the timed search's results
+// (benchmark mode), then the heuristics' candidates, in order until one runs.
 void run(const ConvCall& c, Device device, void* x, void* w, void* y) {
   static std::mutex mutex;
   static std::unordered_map<std::string, Candidate> chosen;
   const char* op = name_of(c.dir);
   DeviceGuard guard(device.index);
   cudnnHandle_t h = dnn::handle_for(device.index, op);
+  const bool benchmark = g_benchmark.load();
+  const std::string key = benchmark ? c.key + " timed" : c.key;
   std::vector<Candidate> tries;
   {
     std::lock_guard lock(mutex);
-    auto it = chosen.find(c.key);
+    auto it = chosen.find(key);
     if (it != chosen.end()) tries.push_back(it->second);
   }
   const bool cached = !tries.empty();
-  if (!cached) tries = candidates(h, c);
+  if (!cached) {
+    // The heuristics' candidates follow the timed ones: they run when the search failed, or
+    // when every timed algorithm refuses the real call.
+    if (benchmark) tries = timed_candidates(h, c, device, x, w, y);
+    const std::vector<Candidate> ranked = candidates(h, c);
+    tries.insert(tries.end(), ranked.begin(), ranked.end());
+  }
   cudnnStatus_t last = CUDNN_STATUS_NOT_SUPPORTED;
+  cudnnMathType_t math = c.math;
   for (const Candidate& cand : tries) {
+    if (cand.math != math) {  // a timed algorithm's own math type (see keep)
+      math = cand.math;
+      dnn::check(cudnnSetConvolutionMathType(c.conv.get(), math), op);
+    }
     const size_t bytes = workspace_bytes(h, c, cand.algo);
     if (bytes == SIZE_MAX || bytes > kMaxWorkspace) continue;
     const Tensor ws = bytes ? dnn::workspace(static_cast<int64_t>(bytes), device) : Tensor();
@@ -205,14 +303,14 @@ void run(const ConvCall& c, Device device, void* x, void* w, void* y) {
     if (last == CUDNN_STATUS_SUCCESS) {
       if (!cached) {
         std::lock_guard lock(mutex);
-        chosen.emplace(c.key, cand);
+        chosen.emplace(key, cand);
       }
       return;
     }
     // A refusal tries the next algorithm; anything else is an error.
     if (last != CUDNN_STATUS_NOT_SUPPORTED && last != CUDNN_STATUS_BAD_PARAM) dnn::check(last, op);
   }
-  fail("{}: no cuDNN algorithm runs this convolution ({}): last status {}", op, c.key, cudnnGetErrorString(last));
+  fail("{}: no cuDNN algorithm runs this convolution ({}): last status {}", op, key, cudnnGetErrorString(last));
 }
 
 bool activation_channels_last(const Tensor& t) { return dnn::is_channels_last(t) && !t.is_contiguous(); }
@@ -299,4 +397,11 @@ struct Registrar {
 } registrar;
 
 }  // namespace
+
+void set_cudnn_benchmark(bool on) { g_benchmark.store(on); }
+bool cudnn_benchmark() { return g_benchmark.load(); }
+
+namespace dnn {
+int64_t cudnn_algorithm_searches() { return g_searches.load(); }
+}  // namespace dnn
 }  // namespace kiln::cuda

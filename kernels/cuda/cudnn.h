@@ -93,6 +93,11 @@ class PoolDesc {
 // on the stream, which is the allocator's stream order).
 Tensor workspace(int64_t bytes, Device device);
 
+// How many timed algorithm searches (cudnnFind*AlgorithmEx, in benchmark mode) the
+// convolutions have run since the process started: one per direction and call shape; the
+// tests read it to see that a shape is searched once.
+int64_t cudnn_algorithm_searches();
+
 // Whether t's strides are those of a contiguous tensor of t's shape in the NHWC order
 // (channels_last), for a 4-d t. Size-1 dims may have any stride.
 bool is_channels_last(const Tensor& t);

@@ -1,12 +1,16 @@
 // The cuDNN-backed CUDA kernels (kernels/cuda/conv.cpp, norm.cpp, pool.cpp) against the CPU
 // kernels of the same ops: conv2d and its gradients, batch norm (train, eval, the running
-// statistics' update, backward), max/avg/adaptive pooling and their gradients, and a small
-// ConvNet's forward and backward. Tolerances (relative and absolute): f32 1e-4 (TF32 off,
-// the default), f64 1e-10, f16 2e-2; the ConvNet 1e-3.
+// statistics' update, backward), max/avg/adaptive pooling and their gradients, a small
+// ConvNet's forward and backward, and the convolutions with cudnn benchmark mode on (timed
+// algorithm choice, searched once per shape). Tolerances (relative and absolute): f32 1e-4
+// (TF32 off, the default), f64 1e-10, f16 2e-2; the ConvNet 1e-3.
 #include <limits>
 #include <optional>
 
 #include "cuda/cuda_testing.h"
+#ifdef KILN_HAVE_CUDNN
+#include "kernels/cuda/cudnn.h"
+#endif
 
 using namespace kiln;
 
@@ -264,4 +268,94 @@ TEST_CASE("a ConvNet trains the same on the GPU as on the CPU", "[cuda][cudnn]")
     INFO(cpu_buffers[i].first);
     KILN_CHECK_CLOSE(host(gpu_buffers[i].second), cpu_buffers[i].second, 1e-3, 1e-3);
   }
+}
+
+namespace {
+
+// Benchmark mode for one scope: on, then back to the default (off) even when a check fails.
+struct BenchmarkMode {
+  BenchmarkMode() { cuda::set_cudnn_benchmark(true); }
+  ~BenchmarkMode() { cuda::set_cudnn_benchmark(false); }
+  BenchmarkMode(const BenchmarkMode&) = delete;
+  BenchmarkMode& operator=(const BenchmarkMode&) = delete;
+};
+
+#ifdef KILN_HAVE_CUDNN
+int64_t searches() { return cuda::dnn::cudnn_algorithm_searches(); }
+#else
+int64_t searches() { return 0; }
+#endif
+
+// Convolutions of ResNet-18 and ResNet-50's stages (small batch and images: the CPU side
+// stays fast), none of them used by the other tests.
+const std::vector<ConvCase> kResNetCases = {
+    {"resnet stem", {2, 3, 32, 32}, {64, 3, 7, 7}, {.stride = {2, 2}, .padding = {3, 3}}},
+    {"resnet 3x3 64", {2, 64, 14, 14}, {64, 64, 3, 3}, {.padding = {1, 1}}},
+    {"resnet 3x3 stride 2 128", {2, 64, 14, 14}, {128, 64, 3, 3}, {.stride = {2, 2}, .padding = {1, 1}}},
+    {"resnet 1x1 bottleneck", {2, 256, 7, 7}, {64, 256, 1, 1}, {}},
+    {"resnet 1x1 stride 2 downsample", {2, 128, 8, 8}, {256, 128, 1, 1}, {.stride = {2, 2}}},
+};
+
+}  // namespace
+
+TEST_CASE("cudnn benchmark mode is a switch that needs no GPU", "[cuda][cudnn]") {
+#ifdef KILN_HAVE_CUDNN
+  CHECK_FALSE(cuda::cudnn_benchmark());
+  {
+    BenchmarkMode on;
+    CHECK(cuda::cudnn_benchmark());
+  }
+  CHECK_FALSE(cuda::cudnn_benchmark());
+#else
+  WARN("this build has no cuDNN: there is nothing to benchmark");
+#endif
+}
+
+TEST_CASE("conv2d and its gradients with cudnn benchmark on equal the CPU", "[cuda][cudnn]") {
+  KILN_NEEDS_GPU();
+  REQUIRE_FALSE(cuda::allow_tf32());
+  BenchmarkMode on;
+  for (const ConvCase& c : kResNetCases) {
+    const Tensor x = values_in(c.input, -1, 1, DType::f32, 21), w = values_in(c.weight, -1, 1, DType::f32, 22);
+    const Tensor b = values_in({c.weight[0]}, -1, 1, DType::f32, 23);
+    const Tensor gy = values_in(conv2d(x, w, b, c.options).shape(), -1, 1, DType::f32, 24);
+    check_same(fmt::format("{} benchmark", c.name), [&](auto& in) { return conv_all(in, c); }, {x, w, b, gy},
+               tolerance(DType::f32));
+    check_same(fmt::format("{} benchmark channels-last", c.name), [&](auto& in) { return conv_all(in, c); },
+               {x, w, b, gy}, tolerance(DType::f32), channels_last);
+  }
+  // The small cases in every dtype: f16 and f64 time their own algorithms.
+  for (DType dt : {DType::f32, DType::f64, DType::f16}) check_conv_cases(dt, "benchmark", {});
+}
+
+TEST_CASE("cudnn benchmark searches a shape once and off restores the heuristics", "[cuda][cudnn]") {
+  KILN_NEEDS_GPU();
+#ifndef KILN_HAVE_CUDNN
+  WARN("this build has no cuDNN: nothing is searched");
+  return;
+#endif
+  const ConvCase c{"3x3 searched once", {3, 24, 10, 10}, {40, 24, 3, 3}, {.padding = {1, 1}}};
+  const Tensor x = values_in(c.input, -1, 1, DType::f32, 31), w = values_in(c.weight, -1, 1, DType::f32, 32);
+  const Tensor b = values_in({40}, -1, 1, DType::f32, 33);
+  const Tensor gy = values_in({3, 40, 10, 10}, -1, 1, DType::f32, 34);
+  auto check_conv = [&](const std::string& what) {
+    check_same(what, [&](auto& in) { return conv_all(in, c); }, {x, w, b, gy}, tolerance(DType::f32));
+  };
+  {
+    BenchmarkMode on;
+    const int64_t before = searches();
+    check_conv("first call");  // forward (with and without bias: one shape), backward input, backward weight
+    CHECK(searches() - before == 3);
+    check_conv("second call");
+    CHECK(searches() - before == 3);
+  }
+  // Off: the heuristics choose again (the same shape and a new one), and nothing is timed.
+  const int64_t before = searches();
+  check_conv("benchmark off");
+  const ConvCase other{"3x3 heuristics", {3, 24, 10, 10}, {16, 24, 3, 3}, {.padding = {1, 1}}};
+  check_same("benchmark off new shape", [&](auto& in) { return conv_all(in, other); },
+             {x, values_in(other.weight, -1, 1, DType::f32, 35), values_in({16}, -1, 1, DType::f32, 36),
+              values_in({3, 16, 10, 10}, -1, 1, DType::f32, 37)},
+             tolerance(DType::f32));
+  CHECK(searches() == before);
 }
