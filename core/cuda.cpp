@@ -44,3 +44,11 @@ bool cudnn_benchmark() { return false; }
 }  // namespace kiln::cuda
 
 #endif
+
+#if defined(KILN_HAVE_CUDA) && !defined(KILN_HAVE_CUDNN)
+// A CUDA build without cuDNN has no convolutions on the GPU, so nothing to benchmark.
+namespace kiln::cuda {
+void set_cudnn_benchmark(bool) {}
+bool cudnn_benchmark() { return false; }
+}  // namespace kiln::cuda
+#endif

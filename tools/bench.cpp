@@ -229,8 +229,10 @@ int bench_train(const TrainBenchOptions& o) {
   if (device.is_cuda()) {
     KILN_CHECK(cuda::is_available(), "kiln-bench train: --device cuda: CUDA is not available: {}",
                cuda::unavailable_reason());
-    // As PyTorch's benchmark (tools/bench_torch.py) runs: TF32 for f32 products and convolutions.
+    // As PyTorch's benchmark (tools/bench_torch.py) runs: TF32 for f32 products and
+    // convolutions, convolution algorithms chosen by timing.
     cuda::set_allow_tf32(true);
+    cuda::set_cudnn_benchmark(true);
   }
   KILN_CHECK(o.batch > 0 && o.steps > 0 && o.warmup >= 1 && o.image_size > 0,
              "kiln-bench train: --batch, --steps, --warmup and --image-size must be positive");
@@ -256,7 +258,7 @@ int bench_train(const TrainBenchOptions& o) {
   std::string extra;
   if (device.is_cuda()) {
     const std::vector<std::string> fallback = cuda::host_fallback_ops();
-    extra = fmt::format(R"(,"tf32":true,"reserved_mib":{:.1f},"host_fallback_ops":[{}])",
+    extra = fmt::format(R"(,"tf32":true,"cudnn_benchmark":true,"reserved_mib":{:.1f},"host_fallback_ops":[{}])",
                         static_cast<double>(cuda::allocator_stats(device.index).peak_reserved) / 1048576.0,
                         fmt::join(fallback | std::views::transform([](const std::string& n) { return "\"" + n + "\""; }), ","));
   }
