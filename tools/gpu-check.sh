@@ -15,7 +15,8 @@
 # GPU_CHECK_BUILD (build-gpu), GPU_CHECK_CMAKE_FLAGS (extra configure flags),
 # GPU_CHECK_BUILD_S (330, the build step's limit), KILN_BENCH_ARGS, TORCH_BENCH_ARGS,
 # GPU_CHECK_FORCE_GPU=0|1 (overrides the GPU detection), GPU_CHECK_SKIP_TORCH=1 (no PyTorch
-# baseline), GPU_CHECK_CORE_TESTS=1 (the core tests too).
+# baseline), GPU_CHECK_CORE_TESTS=1 (the core tests too), GPU_CHECK_TARGETS (what to build;
+# a step whose program was not built is skipped or failed as such).
 set -u -o pipefail
 
 cd "$(dirname "$0")/.." || exit 2
@@ -155,7 +156,8 @@ CMAKE_ARGS+=(${GPU_CHECK_CMAKE_FLAGS:-})
 # --fresh: a build folder carried from another machine must not keep its cache.
 run_step configure 150 - cmake --fresh "${CMAKE_ARGS[@]}"
 CONFIGURED=$?
-TARGETS=(kiln kiln-tests-cuda kiln-bench kiln-tests-tools kiln-train)
+# shellcheck disable=SC2206  # GPU_CHECK_TARGETS is a list
+TARGETS=(${GPU_CHECK_TARGETS:-kiln kiln-tests-cuda kiln-bench kiln-tests-tools kiln-train})
 [ "${GPU_CHECK_CORE_TESTS:-0}" = 1 ] && TARGETS+=(kiln-tests-core)
 if ((CONFIGURED == 0)); then
   # -k 0 (Ninja) / -k (Make): keep going, so one broken file leaves the other targets built.
@@ -179,7 +181,9 @@ run_tests() {  # name binary limit
   grep -E '^(All tests passed|test cases:)' "$STEP_OUT" | tee -a "$LOG" >/dev/null
 }
 run_tests tests-cuda kiln-tests-cuda 150
-if [ -x "$BUILD/bin/kiln-tests-tools" ]; then
+if [[ " ${TARGETS[*]} " != *" kiln-tests-tools "* ]]; then
+  record tests-tools-cuda "skipped: not in GPU_CHECK_TARGETS" 0
+elif [ -x "$BUILD/bin/kiln-tests-tools" ]; then
   echo "### kiln-tests-tools [cuda] ($(date -u +%H:%M:%S))" >>"$TESTS"
   run_step tests-tools-cuda 120 "$TESTS" "$BUILD/bin/kiln-tests-tools" "[cuda]" --durations yes
 else
@@ -197,6 +201,8 @@ fi
 # --- 4. kiln's training benchmark on the GPU -----------------------------------------------------
 if [ "$HAVE_GPU" != 1 ]; then
   record bench-kiln "skipped: no GPU" 0
+elif [[ " ${TARGETS[*]} " != *" kiln-bench "* ]]; then
+  record bench-kiln "skipped: not in GPU_CHECK_TARGETS" 0
 elif [ ! -x "$BUILD/bin/kiln-bench" ]; then
   record bench-kiln "FAIL (not built)" 0
 else

