@@ -155,9 +155,29 @@ bool run_split_reduction(const OpDef& op, Span in, Span out, const Attrs& attrs)
   return true;
 }
 
-void run(const OpDef& op, Span in, Span out, const Attrs& attrs, bool reduction) {
-  if (out[0].numel() == 0) return;
-  if (reduction && run_split_reduction(op, in, out, attrs)) return;
+// An elementwise op whose operands are contiguous tensors of the output's shape (or 0-d
+// scalars) computes the same as over 1-d views of them, and a 1-d kernel needs no
+// unravelling of its index (a 4-d one divides four times per element): the common case of
+// activations, measured at a third of the copy bandwidth on an H200 before this.
+bool flat_operands(Span in, Span out, std::vector<Tensor>& flat_in, std::vector<Tensor>& flat_out) {
+  const Shape& shape = out[0].shape();
+  if (shape.size() <= 1) return false;
+  for (const Tensor& t : out)
+    if (t.shape() != shape || !t.is_contiguous()) return false;
+  for (const Tensor& t : in)
+    if (t.defined() && t.dim() != 0 && (t.shape() != shape || !t.is_contiguous())) return false;
+  const Shape line = {out[0].numel()};
+  for (const Tensor& t : in) flat_in.push_back(t.defined() && t.dim() != 0 ? t.view(line) : t);
+  for (const Tensor& t : out) flat_out.push_back(t.view(line));
+  return true;
+}
+
+void run(const OpDef& op, Span in_given, Span out_given, const Attrs& attrs, bool reduction) {
+  if (out_given[0].numel() == 0) return;
+  if (reduction && run_split_reduction(op, in_given, out_given, attrs)) return;
+  std::vector<Tensor> flat_in, flat_out;
+  const bool flat = !reduction && flat_operands(in_given, out_given, flat_in, flat_out);
+  const Span in = flat ? Span(flat_in) : in_given, out = flat ? Span(flat_out) : out_given;
   const Device device = out[0].device();
   std::vector<Tensor> defined;
   for (const Tensor& t : in)
