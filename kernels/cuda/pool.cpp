@@ -194,20 +194,28 @@ double rescale(const AvgPool& p) {
   return p.divisor ? static_cast<double>(p.kernel[0] * p.kernel[1]) / static_cast<double>(p.divisor) : 1.0;
 }
 
+// The descriptors of both directions: x and y contiguous NCHW of the compute dtype c, and
+// the window.
+struct AvgDescriptors {
+  dnn::TensorDesc x, y;
+  dnn::PoolDesc pool;
+  AvgDescriptors(DType c, const Shape& x_shape, const Shape& y_shape, const AvgPool& p, const char* op) {
+    const Shape xs = as_nchw(x_shape), ys = as_nchw(y_shape);
+    x.set(c, xs, contiguous_strides(xs), op);
+    y.set(c, ys, contiguous_strides(ys), op);
+    describe(pool, p, op);
+  }
+};
+
 // y = avg_pool(x) for contiguous x and y of the compute dtype.
 void avg_forward(const Tensor& x, const Tensor& y, const AvgPool& p, const char* op) {
   const DType c = x.dtype();
-  dnn::TensorDesc xd, yd;
-  const Shape xs = as_nchw(x.shape()), ys = as_nchw(y.shape());
-  xd.set(c, xs, contiguous_strides(xs), op);
-  yd.set(c, ys, contiguous_strides(ys), op);
-  dnn::PoolDesc desc;
-  describe(desc, p, op);
+  const AvgDescriptors d(c, x.shape(), y.shape(), p, op);
   const int device = x.device().index;
   DeviceGuard guard(device);
   const dnn::Scale alpha(rescale(p)), zero(0.0);
-  dnn::check(cudnnPoolingForward(dnn::handle_for(device, op), desc.get(), alpha.for_type(c), xd.get(), x.data_ptr(),
-                                 zero.for_type(c), yd.get(), y.data_ptr()),
+  dnn::check(cudnnPoolingForward(dnn::handle_for(device, op), d.pool.get(), alpha.for_type(c), d.x.get(), x.data_ptr(),
+                                 zero.for_type(c), d.y.get(), y.data_ptr()),
              op);
 }
 
@@ -215,17 +223,12 @@ void avg_forward(const Tensor& x, const Tensor& y, const AvgPool& p, const char*
 // backward reads neither x nor y, but cuDNN takes them: dy and dx stand in for them.
 void avg_backward(const Tensor& dy, const Tensor& dx, const AvgPool& p, const char* op) {
   const DType c = dy.dtype();
-  dnn::TensorDesc xd, yd;
-  const Shape xs = as_nchw(dx.shape()), ys = as_nchw(dy.shape());
-  xd.set(c, xs, contiguous_strides(xs), op);
-  yd.set(c, ys, contiguous_strides(ys), op);
-  dnn::PoolDesc desc;
-  describe(desc, p, op);
+  const AvgDescriptors d(c, dx.shape(), dy.shape(), p, op);
   const int device = dy.device().index;
   DeviceGuard guard(device);
   const dnn::Scale alpha(rescale(p)), zero(0.0);
-  dnn::check(cudnnPoolingBackward(dnn::handle_for(device, op), desc.get(), alpha.for_type(c), yd.get(), dy.data_ptr(),
-                                  yd.get(), dy.data_ptr(), xd.get(), dx.data_ptr(), zero.for_type(c), xd.get(),
+  dnn::check(cudnnPoolingBackward(dnn::handle_for(device, op), d.pool.get(), alpha.for_type(c), d.y.get(), dy.data_ptr(),
+                                  d.y.get(), dy.data_ptr(), d.x.get(), dx.data_ptr(), zero.for_type(c), d.x.get(),
                                   dx.data_ptr()),
              op);
 }

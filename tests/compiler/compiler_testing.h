@@ -4,7 +4,11 @@
 
 #include <filesystem>
 #include <string>
+#include <string_view>
 #include <system_error>
+#include <vector>
+
+#include "compiler/ir/graph.h"
 
 namespace kiln::testing {
 
@@ -27,5 +31,24 @@ struct TempCache {
   TempCache(const TempCache&) = delete;
   TempCache& operator=(const TempCache&) = delete;
 };
+
+// Building graphs by hand: a wrapped-number constant, a one-output op, and the group of
+// every op node that is not a view (what lower_pointwise takes).
+inline compiler::Value number(compiler::Graph& g, double v) {
+  return g.add_constant(Scalar(v), compiler::TensorType{.dtype = DType::f64, .shape = {}, .wrapped_number = true});
+}
+
+inline compiler::Value op(compiler::Graph& g, std::string_view name, std::vector<compiler::Value> in,
+                          Attrs attrs = {}) {
+  return g.add_op1(name, std::move(in), std::move(attrs));
+}
+
+inline std::vector<int32_t> compute_nodes(const compiler::Graph& g) {
+  std::vector<int32_t> nodes;
+  for (size_t n = 0; n < g.nodes().size(); ++n)
+    if (g.nodes()[n].kind == compiler::NodeKind::op && g.nodes()[n].def->kind == OpKind::compute)
+      nodes.push_back(static_cast<int32_t>(n));
+  return nodes;
+}
 
 }  // namespace kiln::testing

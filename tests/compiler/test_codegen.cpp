@@ -25,22 +25,9 @@ using kiln::testing::TempCache;
 
 TensorType f32(Shape shape, DType dtype = DType::f32) { return TensorType{.dtype = dtype, .shape = std::move(shape)}; }
 
-Value number(Graph& g, double v) {
-  return g.add_constant(Scalar(v), TensorType{.dtype = DType::f64, .shape = {}, .wrapped_number = true});
-}
-
-Value op(Graph& g, std::string_view name, std::vector<Value> in, Attrs attrs = {}) {
-  return g.add_op1(name, std::move(in), std::move(attrs));
-}
-
-// The group: every op node that is not a view.
-std::vector<int32_t> compute_nodes(const Graph& g) {
-  std::vector<int32_t> nodes;
-  for (size_t n = 0; n < g.nodes().size(); ++n)
-    if (g.nodes()[n].kind == NodeKind::op && g.nodes()[n].def->kind == OpKind::compute)
-      nodes.push_back(static_cast<int32_t>(n));
-  return nodes;
-}
+using kiln::testing::compute_nodes;
+using kiln::testing::number;
+using kiln::testing::op;
 
 // Runs the kernel with the graph inputs bound to its input buffers; fresh outputs, or the
 // given ones.

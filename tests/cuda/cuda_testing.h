@@ -1,7 +1,21 @@
 #pragma once
-// Shared by the CUDA tests: the ones that need a GPU return early, with a warning that says
-// why, on machines without one (Catch2 2 has no SKIP).
+// Shared by the CUDA tests: moving tensors between devices, reproducible inputs, and an
+// early return, with a warning that says why, for tests that need a GPU on machines
+// without one (Catch2 2 has no SKIP).
 #include "testing.h"
+
+namespace kiln::testing {
+
+inline Tensor gpu(const Tensor& t) { return t.to(Device::cuda()); }
+inline Tensor host(const Tensor& t) { return t.to(Device::cpu()); }
+
+// Values in (lo, hi) of `dtype`, a fixed pseudo-random pattern of `seed`.
+inline Tensor values_in(Shape shape, double lo, double hi, DType dtype, uint64_t seed = 3) {
+  Generator g(seed);
+  return (rand(shape, {.dtype = DType::f64}, &g) * (hi - lo) + lo).to(dtype);
+}
+
+}  // namespace kiln::testing
 
 #define KILN_NEEDS_GPU()                                                           \
   do {                                                                             \

@@ -23,21 +23,9 @@ namespace {
 
 TensorType type(Shape shape, DType dtype = DType::f32) { return TensorType{.dtype = dtype, .shape = std::move(shape)}; }
 
-Value number(Graph& g, double v) {
-  return g.add_constant(Scalar(v), TensorType{.dtype = DType::f64, .shape = {}, .wrapped_number = true});
-}
-
-Value op(Graph& g, std::string_view name, std::vector<Value> in, Attrs attrs = {}) {
-  return g.add_op1(name, std::move(in), std::move(attrs));
-}
-
-std::vector<int32_t> compute_nodes(const Graph& g) {
-  std::vector<int32_t> nodes;
-  for (size_t n = 0; n < g.nodes().size(); ++n)
-    if (g.nodes()[n].kind == NodeKind::op && g.nodes()[n].def->kind == OpKind::compute)
-      nodes.push_back(static_cast<int32_t>(n));
-  return nodes;
-}
+using kiln::testing::compute_nodes;
+using kiln::testing::number;
+using kiln::testing::op;
 
 // Renders and compiles the kernels in one batch; checks each is spill-free machine code.
 void check_compiles(const std::vector<Kernel>& kernels, int jobs = 2) {

@@ -13,16 +13,12 @@
 #endif
 
 using namespace kiln;
+using kiln::testing::gpu;
+using kiln::testing::host;
+using kiln::testing::values_in;
 
 namespace {
 
-Tensor gpu(const Tensor& t) { return t.to(Device::cuda()); }
-Tensor host(const Tensor& t) { return t.to(Device::cpu()); }
-
-Tensor values_in(Shape shape, double lo, double hi, DType dtype, uint64_t seed = 3) {
-  Generator g(seed);
-  return (rand(shape, {.dtype = DType::f64}, &g) * (hi - lo) + lo).to(dtype);
-}
 
 double tolerance(DType dt) { return dt == DType::f64 ? 1e-10 : dt == DType::f16 ? 2e-2 : 1e-4; }
 

@@ -7,18 +7,13 @@
 #include "cuda/cuda_testing.h"
 
 using namespace kiln;
+using kiln::testing::gpu;
+using kiln::testing::host;
+using kiln::testing::values_in;
 using testing::tol;
 
 namespace {
 
-Tensor gpu(const Tensor& t) { return t.to(Device::cuda()); }
-Tensor host(const Tensor& t) { return t.to(Device::cpu()); }
-
-// Values in (lo, hi) of `dtype`, a fixed pseudo-random pattern.
-Tensor values_in(Shape shape, double lo, double hi, DType dtype, uint64_t seed = 3) {
-  Generator g(seed);
-  return (rand(shape, {.dtype = DType::f64}, &g) * (hi - lo) + lo).to(dtype);
-}
 
 // The same op on the CPU and on the GPU: equal within tol of the result's dtype.
 void check_same(const std::string& what, const std::function<Tensor(const std::vector<Tensor>&)>& op,
