@@ -52,6 +52,7 @@ Program::Program(Graph graph, int jobs) : graph_(std::move(graph)) {
   for (Value v : graph_.inputs())
     if (graph_.type(v).device.is_cuda()) gpu_ = graph_.type(v).device.index;
   plan_releases();
+  plan_in_place();
   const std::vector<codegen::CompiledKernel> compiled = codegen::compile_cpp_batch(cpp_sources, jobs);
   for (size_t i = 0; i < cpp_kernels.size(); ++i) kernels_[cpp_kernels[i]].compiled = compiled[i];
   for (const auto& [device, ks] : cuda_kernels) {
@@ -95,6 +96,107 @@ void Program::plan_releases() {
   }
 }
 
+void Program::plan_in_place() {
+  const std::vector<Node>& nodes = graph_.nodes();
+  const auto num_inputs = static_cast<int32_t>(graph_.inputs().size());
+  std::unordered_map<int32_t, int32_t> input_of_node;  // input node -> its index in inputs()
+  for (int32_t i = 0; i < num_inputs; ++i) input_of_node[graph_.inputs()[static_cast<size_t>(i)].node] = i;
+  // The graph input a value views (through view nodes), or -1.
+  auto input_behind = [&](int32_t n) {
+    while (n >= 0 && nodes[static_cast<size_t>(n)].kind == NodeKind::op &&
+           nodes[static_cast<size_t>(n)].def->kind == OpKind::view)
+      n = nodes[static_cast<size_t>(n)].inputs.at(0).node;
+    auto it = input_of_node.find(n);
+    return it == input_of_node.end() ? -1 : it->second;
+  };
+  // The last step that reads each input's old value, directly or through views; an output
+  // that returns it (or a view of it) reads it after every step.
+  constexpr int32_t kAfterAll = std::numeric_limits<int32_t>::max();
+  std::vector<int32_t> last_read(static_cast<size_t>(num_inputs), -1);
+  auto read = [&](int32_t node, int32_t step) {
+    const int32_t i = input_behind(node);
+    if (i >= 0) last_read[static_cast<size_t>(i)] = std::max(last_read[static_cast<size_t>(i)], step);
+  };
+  for (size_t s = 0; s < steps_.size(); ++s) {
+    const FusionGroup& group = steps_[s];
+    if (group.is_kernel()) {
+      for (int32_t b : group.kernel.input_buffers())
+        read(group.kernel.buffers[static_cast<size_t>(b)].node, static_cast<int32_t>(s));
+    } else {
+      for (Value v : nodes[static_cast<size_t>(group.nodes.at(0))].inputs)
+        if (v.defined()) read(v.node, static_cast<int32_t>(s));
+    }
+  }
+  for (Value v : graph_.outputs()) read(v.node, kAfterAll);
+  // Which input each written-back value goes to (values written back twice: none).
+  std::map<std::pair<int32_t, int32_t>, int32_t> target_of;
+  for (const auto& [input, value] : graph_.write_backs()) {
+    const auto key = std::pair{value.node, value.output};
+    const auto i = input_of_node.at(input.node);
+    const auto [it, inserted] = target_of.emplace(key, i);
+    if (!inserted) it->second = -1;
+  }
+  auto target = [&](int32_t node, int32_t output) {
+    auto it = target_of.find({node, output});
+    return it == target_of.end() ? -1 : it->second;
+  };
+
+  in_place_outputs_.assign(steps_.size(), {});
+  in_place_op_.assign(steps_.size(), nullptr);
+  for (size_t s = 0; s < steps_.size(); ++s) {
+    const auto step = static_cast<int32_t>(s);
+    const FusionGroup& group = steps_[s];
+    if (group.is_kernel()) {
+      const codegen::Kernel& k = group.kernel;
+      std::vector<int32_t>& plan = in_place_outputs_[s];
+      for (int32_t ob : k.output_buffers()) {
+        const codegen::Buffer& out = k.buffers[static_cast<size_t>(ob)];
+        const int32_t i = target(out.node, out.output_index);
+        bool ok = i >= 0 && last_read[static_cast<size_t>(i)] <= step;
+        // Read by this kernel too: only at the element it writes (no view, same walk).
+        for (int32_t ib : k.input_buffers()) {
+          const codegen::Buffer& in = k.buffers[static_cast<size_t>(ib)];
+          if (ok && input_behind(in.node) == i) ok = in.views.empty() && in.dim_of == out.dim_of;
+        }
+        plan.push_back(ok ? i : -1);
+      }
+      continue;
+    }
+    if (group.kind != FusionGroup::eager) continue;
+    const Node& node = nodes[static_cast<size_t>(group.nodes.at(0))];
+    const OpDef* twin = nullptr;
+    for (const OpDef* def : all_ops())
+      if (def->name == node.op + "_" && !def->mutated_inputs.empty()) twin = def;
+    if (!twin) continue;
+    // The pure op's outputs are the new values of the twin's mutated inputs that are given,
+    // in order: each must be written back to exactly that input, read by no later step.
+    bool ok = true;
+    size_t output = 0;
+    for (int m : twin->mutated_inputs) {
+      const Value in = node.inputs.at(static_cast<size_t>(m));
+      if (!in.defined()) continue;
+      const auto it = input_of_node.find(in.node);
+      const int32_t i = it == input_of_node.end() ? -1 : it->second;
+      ok = ok && output < node.outputs.size() && i >= 0 &&
+           target(group.nodes.at(0), static_cast<int32_t>(output)) == i && last_read[static_cast<size_t>(i)] <= step;
+      ++output;
+    }
+    if (ok && output == node.outputs.size()) in_place_op_[s] = twin;
+  }
+}
+
+namespace {
+
+// Whether another graph input shares input i's storage (then writing i in place could
+// change what that input reads).
+bool storage_shared(const std::vector<Tensor>& inputs, size_t i) {
+  for (size_t j = 0; j < inputs.size(); ++j)
+    if (j != i && inputs[j].defined() && inputs[j].storage() == inputs[i].storage()) return true;
+  return false;
+}
+
+}  // namespace
+
 std::vector<Tensor> Program::run(const std::vector<Tensor>& inputs) const {
   const Graph& g = graph_;
   check_inputs(g, inputs, "Program::run");
@@ -136,7 +238,23 @@ std::vector<Tensor> Program::run(const std::vector<Tensor>& inputs) const {
       for (Value v : node.inputs) args.push_back(value(v));
       const OpDef& def = node.def ? *node.def : find_op(node.op);
       std::vector<Tensor>& out = values[static_cast<size_t>(n)];
-      out = call_op(def, std::move(args), node.attrs);
+      if (const OpDef* twin = in_place_op_[s]) {
+        // The in-place twin updates the inputs the pure op would return new copies of, when
+        // they can be written as they are (contiguous, sharing storage with no other input).
+        std::vector<Tensor> updated;
+        for (int m : twin->mutated_inputs) {
+          const Value v = node.inputs.at(static_cast<size_t>(m));
+          if (!v.defined()) continue;
+          const Tensor& t = args[static_cast<size_t>(m)];
+          const auto i = static_cast<size_t>(std::find(g.inputs().begin(), g.inputs().end(), v) - g.inputs().begin());
+          if (t.is_contiguous() && !storage_shared(inputs, i)) updated.push_back(t);
+        }
+        if (updated.size() == node.outputs.size()) {
+          call_op(*twin, args, node.attrs);
+          out = std::move(updated);
+        }
+      }
+      if (out.empty()) out = call_op(def, std::move(args), node.attrs);
       KILN_CHECK(out.size() == node.outputs.size(), "Program::run: {} made {} outputs, the graph says {}",
                  node.op, out.size(), node.outputs.size());
       for (int32_t r : release_after_[s]) values[static_cast<size_t>(r)].clear();
@@ -149,11 +267,19 @@ std::vector<Tensor> Program::run(const std::vector<Tensor>& inputs) const {
       const codegen::Buffer& buffer = kernel.buffers[static_cast<size_t>(b)];
       kernel_inputs.push_back(value({buffer.node, buffer.output_index}));  // the base: run_kernel views it
     }
-    for (int32_t b : kernel.output_buffers()) {
-      const codegen::Buffer& buffer = kernel.buffers[static_cast<size_t>(b)];
+    const std::vector<int32_t>& in_place = in_place_outputs_[s];
+    const std::vector<int32_t> output_buffers = kernel.output_buffers();
+    for (size_t j = 0; j < output_buffers.size(); ++j) {
+      const codegen::Buffer& buffer = kernel.buffers[static_cast<size_t>(output_buffers[j])];
       const TensorType& type = nodes[static_cast<size_t>(buffer.node)].outputs.at(static_cast<size_t>(buffer.output_index));
-      Tensor out = make_tensor(type.shape, type.dtype, type.device);
-      out.impl()->wrapped_number = type.wrapped_number;
+      const int32_t target = in_place[j];
+      Tensor out;
+      if (target >= 0 && !storage_shared(inputs, static_cast<size_t>(target))) {
+        out = inputs[static_cast<size_t>(target)];  // the write-back, done by the kernel itself
+      } else {
+        out = make_tensor(type.shape, type.dtype, type.device);
+        out.impl()->wrapped_number = type.wrapped_number;
+      }
       values[static_cast<size_t>(buffer.node)] = {out};
       kernel_outputs.push_back(std::move(out));
     }
@@ -251,14 +377,25 @@ std::string Program::describe() const {
   };
   for (size_t s = 0; s < steps_.size(); ++s) {
     const FusionGroup& step = steps_[s];
+    // "in place into %3": the write-back the step computes straight into its input.
+    auto into = [&](int32_t input) {
+      return fmt::format("%{}", g.value_number(g.inputs()[static_cast<size_t>(input)]));
+    };
     if (step.is_kernel()) {
       std::vector<int32_t> stored;
-      for (int32_t b : step.kernel.output_buffers()) stored.push_back(step.kernel.buffers[static_cast<size_t>(b)].node);
-      out += fmt::format("  {:<9} {} over {}: {} -> {}\n", kind_name(step.kind), kernel_name(kernel_of_[s]),
-                         shape_str(step.kernel.shape), numbers(step.nodes), numbers(stored));
+      std::vector<std::string> in_place;
+      const std::vector<int32_t> outs = step.kernel.output_buffers();
+      for (size_t j = 0; j < outs.size(); ++j) {
+        stored.push_back(step.kernel.buffers[static_cast<size_t>(outs[j])].node);
+        if (in_place_outputs_[s][j] >= 0) in_place.push_back(into(in_place_outputs_[s][j]));
+      }
+      out += fmt::format("  {:<9} {} over {}: {} -> {}{}\n", kind_name(step.kind), kernel_name(kernel_of_[s]),
+                         shape_str(step.kernel.shape), numbers(step.nodes), numbers(stored),
+                         in_place.empty() ? "" : fmt::format(" (in place into {})", fmt::join(in_place, " ")));
     } else {
       const Node& node = g.nodes()[static_cast<size_t>(step.nodes[0])];
-      out += fmt::format("  {:<9} {} {}\n", kind_name(step.kind), node.op, numbers(step.nodes));
+      out += fmt::format("  {:<9} {} {}{}\n", kind_name(step.kind), node.op, numbers(step.nodes),
+                         in_place_op_[s] ? fmt::format(" (in place: {})", in_place_op_[s]->name) : "");
     }
   }
   return out;

@@ -8,8 +8,9 @@
 // them all in one parallel batch through the kernel cache (compiler/codegen/jit.h), so a
 // graph built before compiles nothing. run() does what interpret() does for the same graph
 // and inputs (the same input checks, write-backs and returned tensors), except that kernel
-// groups run their compiled kernel into fresh contiguous outputs; eager and view steps go
-// through call_op.
+// groups run their compiled kernel into fresh contiguous outputs, or straight into the input
+// a value is written back to (see in_place_outputs_); eager and view steps go through
+// call_op.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -58,6 +59,7 @@ class Program {
 
  private:
   void plan_releases();
+  void plan_in_place();
   struct KernelStep {
     int32_t step = -1;  // index into steps_
     Device device;      // where its outputs live: the CPU (C++ target) or a GPU (CUDA target)
@@ -72,6 +74,14 @@ class Program {
   // after it so that their memory goes back to the allocator (the peak follows liveness).
   std::vector<std::vector<int32_t>> release_after_;
   std::vector<KernelStep> kernels_;
+  // In-place write-backs (the memory plan's first rule): a value that is written back into
+  // graph input I is computed straight into I's tensor when no later step reads I's old
+  // value (and the step itself reads it only elementwise), so the write-back copies
+  // nothing. Per kernel step: per output buffer, the graph input it writes (-1: a fresh
+  // tensor). Per eager step: the in-place twin of its op ("sgd_update" -> "sgd_update_")
+  // to run instead, when every output is such a write-back of the input it updates.
+  std::vector<std::vector<int32_t>> in_place_outputs_;
+  std::vector<const OpDef*> in_place_op_;
   int gpu_ = -1;  // the GPU the graph's tensors are on (-1: none): profiling waits for it
   bool profiling_ = false;
   mutable std::vector<double> step_ms_;  // per step: total milliseconds while profiling

@@ -31,6 +31,7 @@ std::vector<Tensor> finish_run(const Graph& graph, const std::vector<Tensor>& in
   std::vector<std::pair<Tensor, Tensor>> writes;
   for (const auto& [input, new_value] : graph.write_backs()) {
     Tensor v = value(new_value);
+    if (v.same(value(input))) continue;  // computed in place (Program's memory plan)
     for (const Tensor& in : inputs)
       if (in.storage() == v.storage()) {
         v = v.clone();

@@ -228,3 +228,52 @@ TEST_CASE("fusion keeps eager ops and views as their own steps in node order", "
   CHECK(steps[2].kind == FusionGroup::eager);
   CHECK(steps[3].kind == FusionGroup::pointwise);
 }
+
+TEST_CASE("program computes write-backs in place when no later step reads the old value", "[program]") {
+  TempCache cache;
+  auto update = [](const Args& a) -> Args {
+    Tensor p = a[0];
+    p.sub_(a[1] * 0.5);  // reads p at the element it writes: in place
+    return {};
+  };
+  auto update_transposed = [](const Args& a) -> Args {
+    Tensor p = a[0];
+    p.sub_(a[1] * p.t());  // reads other elements of p: a fresh output, then the copy
+    return {};
+  };
+  for (bool transposed : {false, true}) {
+    INFO((transposed ? "transposed read" : "elementwise read"));
+    const TracedFunction fn = transposed ? TracedFunction(update_transposed) : TracedFunction(update);
+    const Tensor p0 = randn({6, 6}), g = randn({6, 6});
+    const Program program(simplified_trace(fn, {p0.clone(), g}));
+    const std::string text = program.describe();
+    INFO(text);
+    CHECK((text.find("in place into") != std::string::npos) == !transposed);
+    Tensor p = p0.clone();
+    void* const data = p.data_ptr();
+    program.run({p, g});
+    Tensor expected = p0.clone();
+    fn({expected, g});
+    CHECK(p.data_ptr() == data);
+    KILN_CHECK_EQUAL(p, expected);
+  }
+}
+
+TEST_CASE("program runs an optimizer's pure update in place through its in-place twin", "[program]") {
+  TempCache cache;
+  Tensor w = randn({5, 4}).requires_grad_(), b = randn({4}).requires_grad_();
+  optim::SGD sgd({w, b}, {.lr = 0.1, .momentum = 0.9});
+  const Tensor x = randn({3, 5});
+  auto step = [&](const Args& a) -> Args {
+    sgd.zero_grad();
+    sum(relu(addmm(b, a[0], w))).backward();
+    sgd.step();
+    return {};
+  };
+  step({x});  // the first step creates the momentum buffers eagerly
+  const Graph g = simplified_trace(step, {x});
+  const Program program(g);
+  const std::string text = program.describe();
+  INFO(text);
+  CHECK(text.find("(in place: sgd_update_)") != std::string::npos);
+}
