@@ -231,3 +231,46 @@ TEST_CASE("codegen: lowering refuses unsupported ops and mismatched outputs", "[
   h.set_outputs({op(h, "add", {x, r}), r});
   CHECK_THROWS_WITH(lower_pointwise(h, compute_nodes(h)), Contains("different shapes"));
 }
+
+TEST_CASE("codegen: a call merges the dims that every buffer walks as one", "[codegen]") {
+  TempCache cache;
+  // x [4,8,3,3] contiguous plus y [4,8,1,1]: y broadcasts over the 3x3, so dims 2-3 merge
+  // (for x, and broadcast for y) and dims 0-1 merge (contiguous for both), not all four.
+  Graph g;
+  const Value x = g.add_input("x", f32({4, 8, 3, 3})), y = g.add_input("y", f32({4, 8, 1, 1}));
+  g.set_outputs({op(g, "add", {x, y})});
+  const Kernel k = lower_pointwise(g, compute_nodes(g));
+  const std::vector<Tensor> args = {randn({4, 8, 3, 3}), randn({4, 8, 1, 1})};
+  const Tensor out = make_tensor({4, 8, 3, 3}, DType::f32);
+  const KernelCall call = kernel_call(k, args, {&out, 1});
+  CHECK(std::vector<int64_t>(call.args.begin(), call.args.begin() + 4) == std::vector<int64_t>{1, 32, 1, 9});
+  const CompiledKernel c = compile_cpp(render_cpp(k), cpp_symbol(k));
+  KILN_CHECK_EQUAL(run(g, k, c, args)[0], interpret(g, args)[0]);
+  // A transposed x walks other strides: nothing of dims 2-3 merges with 0-1 then.
+  const std::vector<Tensor> transposed = {randn({4, 8, 3, 3}).transpose(2, 3), args[1]};
+  KILN_CHECK_EQUAL(run(g, k, c, transposed)[0], interpret(g, transposed)[0]);
+
+  // A long run is split back in two at a dim boundary, the inner part up to 65,536.
+  Graph r;
+  const Value z = r.add_input("z", f32({2, 300, 300}));
+  r.set_outputs({op(r, "relu", {z})});
+  const Kernel kr = lower_pointwise(r, compute_nodes(r));
+  const std::vector<Tensor> zs = {randn({2, 300, 300})};
+  const Tensor zo = make_tensor({2, 300, 300}, DType::f32);
+  const KernelCall rc = kernel_call(kr, zs, {&zo, 1});
+  CHECK(std::vector<int64_t>(rc.args.begin(), rc.args.begin() + 3) == std::vector<int64_t>{1, 600, 300});
+  const CompiledKernel crelu = compile_cpp(render_cpp(kr), cpp_symbol(kr));
+  KILN_CHECK_EQUAL(run(r, kr, crelu, zs)[0], interpret(r, zs)[0]);
+
+  // Reductions merge kept dims and reduced dims separately.
+  Graph s;
+  const Value w = s.add_input("w", f32({4, 8, 3, 3}));
+  s.set_outputs({op(s, "sum", {w}, {{"dims", std::vector<int64_t>{2, 3}}, {"keepdim", false}})});
+  const Kernel ks = lower_reduction(s, compute_nodes(s));
+  const std::vector<Tensor> ws = {randn({4, 8, 3, 3})};
+  const Tensor so = make_tensor({4, 8}, DType::f32);
+  const KernelCall sc = kernel_call(ks, ws, {&so, 1});
+  CHECK(std::vector<int64_t>(sc.args.begin(), sc.args.begin() + 4) == std::vector<int64_t>{1, 32, 1, 9});
+  const CompiledKernel csum = compile_cpp(render_cpp(ks), cpp_symbol(ks));
+  KILN_CHECK_CLOSE(run(s, ks, csum, ws)[0], interpret(s, ws)[0], 1e-6, 1e-6);
+}
