@@ -280,9 +280,8 @@ int bench_train(const TrainBenchOptions& o) {
     if (o.profile) std::cerr << compiled.profile();
 
     // The whole optimizer step (micro-steps, accumulation and the SGD update) as one graph.
-    // Its updates are pure ops whose results are copied back into the parameters and
-    // momentum buffers until the memory planner writes them in place: this line measures
-    // what that costs.
+    // The program runs the updates in place (Program's in-place write-backs); the graph
+    // zero-fills .grad instead of freeing it, so it holds the gradients through the step.
     compiler::CompiledFunction whole =
         compiler::compile(train::whole_step_function(*model, sgd, accumulation, 0.0), {.profile = o.profile});
     const TrainTiming whole_timed = time_steps([&] { whole({x, y}); }, std::max<int64_t>(o.warmup, 2), o.steps, device);
