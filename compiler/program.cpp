@@ -143,6 +143,7 @@ void Program::plan_in_place() {
 
   in_place_outputs_.assign(steps_.size(), {});
   in_place_op_.assign(steps_.size(), nullptr);
+  in_place_eager_.assign(steps_.size(), -1);
   for (size_t s = 0; s < steps_.size(); ++s) {
     const auto step = static_cast<int32_t>(s);
     const FusionGroup& group = steps_[s];
@@ -164,6 +165,13 @@ void Program::plan_in_place() {
     }
     if (group.kind != FusionGroup::eager) continue;
     const Node& node = nodes[static_cast<size_t>(group.nodes.at(0))];
+    if (node.outputs.size() == 1) {
+      const int32_t i = target(group.nodes.at(0), 0);
+      if (i >= 0 && last_read[static_cast<size_t>(i)] < step) {
+        in_place_eager_[s] = i;
+        continue;
+      }
+    }
     const OpDef* twin = nullptr;
     for (const OpDef* def : all_ops())
       if (def->name == node.op + "_" && !def->mutated_inputs.empty()) twin = def;
@@ -253,6 +261,11 @@ std::vector<Tensor> Program::run(const std::vector<Tensor>& inputs) const {
           call_op(*twin, args, node.attrs);
           out = std::move(updated);
         }
+      }
+      if (const int32_t target = in_place_eager_[s]; target >= 0 && !storage_shared(inputs, static_cast<size_t>(target))) {
+        const Tensor& into = inputs[static_cast<size_t>(target)];
+        call_op_out(def, std::move(args), node.attrs, into);
+        out = {into};
       }
       if (out.empty()) out = call_op(def, std::move(args), node.attrs);
       KILN_CHECK(out.size() == node.outputs.size(), "Program::run: {} made {} outputs, the graph says {}",
@@ -394,8 +407,9 @@ std::string Program::describe() const {
                          in_place.empty() ? "" : fmt::format(" (in place into {})", fmt::join(in_place, " ")));
     } else {
       const Node& node = g.nodes()[static_cast<size_t>(step.nodes[0])];
-      out += fmt::format("  {:<9} {} {}{}\n", kind_name(step.kind), node.op, numbers(step.nodes),
-                         in_place_op_[s] ? fmt::format(" (in place: {})", in_place_op_[s]->name) : "");
+      std::string in_place = in_place_op_[s] ? fmt::format(" (in place: {})", in_place_op_[s]->name) : "";
+      if (in_place_eager_[s] >= 0) in_place = fmt::format(" (in place into {})", into(in_place_eager_[s]));
+      out += fmt::format("  {:<9} {} {}{}\n", kind_name(step.kind), node.op, numbers(step.nodes), in_place);
     }
   }
   return out;

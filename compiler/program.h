@@ -82,6 +82,9 @@ class Program {
   // to run instead, when every output is such a write-back of the input it updates.
   std::vector<std::vector<int32_t>> in_place_outputs_;
   std::vector<const OpDef*> in_place_op_;
+  // Per eager step of one output written back to an input the step does not read: that
+  // input, which the op writes its result into (call_op_out), or -1.
+  std::vector<int32_t> in_place_eager_;
   int gpu_ = -1;  // the GPU the graph's tensors are on (-1: none): profiling waits for it
   bool profiling_ = false;
   mutable std::vector<double> step_ms_;  // per step: total milliseconds while profiling

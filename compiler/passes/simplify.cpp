@@ -1,6 +1,9 @@
 // simplify: algebra and view identities (compiler/passes/passes.h). Each rule states the
 // identity; the Rewriter applies it only where the replacement's type equals the node's
-// exactly (so x+0 with x an integer and 0.0 a float, which promotes, stays).
+// exactly (so x+0 with x an integer and 0.0 a float, which promotes, stays, and so does
+// fill(x, 0) + y where y broadcasts to x's shape). "0" is a constant or a tensor filled
+// with 0: a training step that zero-fills .grad and adds the backward's gradient into it
+// becomes the gradient itself.
 #include <cmath>
 
 #include "compiler/passes/passes.h"
@@ -9,8 +12,13 @@ namespace kiln::compiler {
 
 namespace {
 
-// The constant operand is exactly `want` in its own dtype.
+// The operand is exactly `want` everywhere in its own dtype: a constant, or a tensor filled
+// with it (a zeroed .grad before the backward adds into it).
 bool constant_is(const Rewriter& rw, Value v, double want) {
+  if (rw.is_op(v, "fill")) {
+    const Scalar value = rw.producer(v).attrs.scalar("value");
+    return scalar_tensor(value, rw.type(v).dtype).item().to_double() == want;
+  }
   const std::optional<Scalar> s = rw.constant_value(v);
   return s && s->to_double() == want;
 }
