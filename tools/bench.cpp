@@ -7,6 +7,7 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <optional>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -253,8 +254,57 @@ int bench_train(const TrainBenchOptions& o) {
         mode, o.arch, o.device, o.batch, accumulation.options().micro_batch, o.image_size, parameters, o.steps,
         t.median_ms, 1000.0 * static_cast<double>(o.batch) / t.median_ms, t.peak_mib, t.first_call_s, extra);
   };
-  const TrainTiming eager =
-      time_steps([&] { train::train_step(*model, sgd, accumulation, x, y, 0.0); }, o.warmup, o.steps, device);
+  // The modes share the model and optimizer. Warm-ups run mode by mode (the first call of a
+  // compiled mode traces and compiles); then the timed steps run in rounds, a few steps of
+  // each mode per round, so that a shared machine's drift (seen here: +-20% from one
+  // minute to the next) hits every mode alike and the ratios hold. Each block of steps
+  // starts with .grad cleared, as an eager step leaves it.
+  struct Mode {
+    std::string name;
+    std::function<void()> step;
+    int64_t warmup;
+    std::vector<double> ms;
+    double peak = 0, first_call_s = 0;
+  };
+  std::vector<Mode> modes;
+  modes.push_back({"eager", [&] { train::train_step(*model, sgd, accumulation, x, y, 0.0); }, o.warmup});
+  std::optional<compiler::CompiledFunction> compiled, whole;
+  if (o.compile) {
+    // The forward and backward of each micro-step compiled; the SGD update eager (as
+    // kiln-train --compile runs it). Two warm-up calls at least: the first traces with
+    // .grad undefined, the second with it defined (accumulation), each a graph of its own.
+    compiled = compiler::compile(train::micro_step_function(*model, 0.0), {.profile = o.profile});
+    modes.push_back({"compiled", [&] { train::train_step_compiled(*compiled, sgd, accumulation, x, y); },
+                     std::max<int64_t>(o.warmup, 2)});
+    // The whole optimizer step (micro-steps, accumulation and the SGD update) as one graph.
+    // The program runs the updates in place (Program's in-place write-backs); the graph
+    // zero-fills .grad instead of freeing it, so it holds the gradients through the step.
+    whole = compiler::compile(train::whole_step_function(*model, sgd, accumulation, 0.0), {.profile = o.profile});
+    modes.push_back({"compiled-whole-step", [&] { (*whole)({x, y}); }, std::max<int64_t>(o.warmup, 2)});
+  }
+  auto run = [&](Mode& m) {
+    const auto t0 = std::chrono::steady_clock::now();
+    m.step();
+    if (device.is_cuda()) cuda::synchronize(device.index);
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  };
+  for (Mode& m : modes)
+    for (int64_t i = 0; i < m.warmup; ++i) {
+      const double ms = run(m);
+      if (i == 0) m.first_call_s = ms / 1000.0;
+    }
+  const int64_t rounds = std::min<int64_t>(o.steps, 5);
+  for (int64_t r = 0; r < rounds; ++r)
+    for (Mode& m : modes) {
+      sgd.zero_grad();
+      reset_peak_memory(device.type);
+      const int64_t n = o.steps * (r + 1) / rounds - o.steps * r / rounds;
+      for (int64_t i = 0; i < n; ++i) m.ms.push_back(run(m));
+      m.peak = std::max(m.peak, static_cast<double>(memory_stats(device.type).peak) / 1048576.0);
+    }
+  std::vector<TrainTiming> timing;
+  for (const Mode& m : modes) timing.push_back({median_of(m.ms), m.peak, m.first_call_s});
+
   std::string extra;
   if (device.is_cuda()) {
     const std::vector<std::string> fallback = cuda::host_fallback_ops();
@@ -262,34 +312,17 @@ int bench_train(const TrainBenchOptions& o) {
                         static_cast<double>(cuda::allocator_stats(device.index).peak_reserved) / 1048576.0,
                         fmt::join(fallback | std::views::transform([](const std::string& n) { return "\"" + n + "\""; }), ","));
   }
-  line("eager", eager, extra);
-  if (o.profile && device.is_cuda()) profile_cuda_step([&] { train::train_step(*model, sgd, accumulation, x, y, 0.0); }, device);
+  line("eager", timing[0], extra);
   if (o.compile) {
-    // The forward and backward of each micro-step compiled; the SGD update eager (as
-    // kiln-train --compile runs it).
-    compiler::CompiledFunction compiled =
-        compiler::compile(train::micro_step_function(*model, 0.0), {.profile = o.profile});
-    // Two warm-up calls at least: the first traces with .grad undefined, the second with it
-    // defined (accumulation), each a graph of its own.
-    const TrainTiming timed = time_steps(
-        [&] { train::train_step_compiled(compiled, sgd, accumulation, x, y); }, std::max<int64_t>(o.warmup, 2),
-        o.steps, device);
-    line("compiled", timed,
-         fmt::format(R"(,"graphs":{},"speedup_vs_eager":{:.3f},"peak_ratio_vs_eager":{:.3f})", compiled.cache_size(),
-                     eager.median_ms / timed.median_ms, timed.peak_mib / eager.peak_mib));
-    if (o.profile) std::cerr << compiled.profile();
-
-    // The whole optimizer step (micro-steps, accumulation and the SGD update) as one graph.
-    // The program runs the updates in place (Program's in-place write-backs); the graph
-    // zero-fills .grad instead of freeing it, so it holds the gradients through the step.
-    compiler::CompiledFunction whole =
-        compiler::compile(train::whole_step_function(*model, sgd, accumulation, 0.0), {.profile = o.profile});
-    const TrainTiming whole_timed = time_steps([&] { whole({x, y}); }, std::max<int64_t>(o.warmup, 2), o.steps, device);
-    line("compiled-whole-step", whole_timed,
-         fmt::format(R"(,"graphs":{},"speedup_vs_eager":{:.3f},"peak_ratio_vs_eager":{:.3f})", whole.cache_size(),
-                     eager.median_ms / whole_timed.median_ms, whole_timed.peak_mib / eager.peak_mib));
-    if (o.profile) std::cerr << whole.profile();
+    const CompiledFunction* functions[] = {nullptr, &*compiled, &*whole};
+    for (size_t i = 1; i < modes.size(); ++i)
+      line(modes[i].name.c_str(), timing[i],
+           fmt::format(R"(,"graphs":{},"speedup_vs_eager":{:.3f},"peak_ratio_vs_eager":{:.3f})",
+                       functions[i]->cache_size(), timing[0].median_ms / timing[i].median_ms,
+                       timing[i].peak_mib / timing[0].peak_mib));
+    if (o.profile) std::cerr << compiled->profile() << whole->profile();
   }
+  if (o.profile && device.is_cuda()) profile_cuda_step([&] { train::train_step(*model, sgd, accumulation, x, y, 0.0); }, device);
   return 0;
 }
 
