@@ -11,7 +11,8 @@
 //
 // A 0-d CPU operand (a wrapped number such as the 2 of `x * 2`) is copied to the device
 // first; the attributes an op's lowering inlines (add's alpha, clamp's bounds, fill's
-// value) make a kernel per distinct value.
+// value) make a kernel per distinct value. The optimizer updates' CUDA kernels are small
+// graphs lowered the same way (below).
 #if defined(KILN_HAVE_CUDA)
 
 #include <cmath>
