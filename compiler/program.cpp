@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <limits>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 
 #include "compiler/codegen/cpp.h"
@@ -195,12 +196,16 @@ void Program::plan_in_place() {
 
 namespace {
 
-// Whether another graph input shares input i's storage (then writing i in place could
-// change what that input reads).
-bool storage_shared(const std::vector<Tensor>& inputs, size_t i) {
-  for (size_t j = 0; j < inputs.size(); ++j)
-    if (j != i && inputs[j].defined() && inputs[j].storage() == inputs[i].storage()) return true;
-  return false;
+// The storages that two or more graph inputs share: writing an input in place there could
+// change what another input reads, so those write-backs keep their fresh output and copy.
+std::unordered_set<const StorageImpl*> shared_storages(const std::vector<Tensor>& inputs) {
+  std::unordered_map<const StorageImpl*, int> count;
+  for (const Tensor& t : inputs)
+    if (t.defined()) ++count[t.storage().get()];
+  std::unordered_set<const StorageImpl*> shared;
+  for (const auto& [storage, n] : count)
+    if (n > 1) shared.insert(storage);
+  return shared;
 }
 
 }  // namespace
@@ -220,6 +225,9 @@ std::vector<Tensor> Program::run(const std::vector<Tensor>& inputs) const {
     if (!v.defined()) return {};
     return values.at(static_cast<size_t>(v.node)).at(static_cast<size_t>(v.output));
   };
+
+  const std::unordered_set<const StorageImpl*> shared = shared_storages(inputs);
+  auto writable = [&](const Tensor& t) { return !shared.contains(t.storage().get()); };
 
   NoGradGuard no_grad;
   using Clock = std::chrono::steady_clock;
@@ -254,15 +262,14 @@ std::vector<Tensor> Program::run(const std::vector<Tensor>& inputs) const {
           const Value v = node.inputs.at(static_cast<size_t>(m));
           if (!v.defined()) continue;
           const Tensor& t = args[static_cast<size_t>(m)];
-          const auto i = static_cast<size_t>(std::find(g.inputs().begin(), g.inputs().end(), v) - g.inputs().begin());
-          if (t.is_contiguous() && !storage_shared(inputs, i)) updated.push_back(t);
+          if (t.is_contiguous() && writable(t)) updated.push_back(t);
         }
         if (updated.size() == node.outputs.size()) {
           call_op(*twin, args, node.attrs);
           out = std::move(updated);
         }
       }
-      if (const int32_t target = in_place_eager_[s]; target >= 0 && !storage_shared(inputs, static_cast<size_t>(target))) {
+      if (const int32_t target = in_place_eager_[s]; target >= 0 && writable(inputs[static_cast<size_t>(target)])) {
         const Tensor& into = inputs[static_cast<size_t>(target)];
         call_op_out(def, std::move(args), node.attrs, into);
         out = {into};
@@ -287,7 +294,7 @@ std::vector<Tensor> Program::run(const std::vector<Tensor>& inputs) const {
       const TensorType& type = nodes[static_cast<size_t>(buffer.node)].outputs.at(static_cast<size_t>(buffer.output_index));
       const int32_t target = in_place[j];
       Tensor out;
-      if (target >= 0 && !storage_shared(inputs, static_cast<size_t>(target))) {
+      if (target >= 0 && writable(inputs[static_cast<size_t>(target)])) {
         out = inputs[static_cast<size_t>(target)];  // the write-back, done by the kernel itself
       } else {
         out = make_tensor(type.shape, type.dtype, type.device);

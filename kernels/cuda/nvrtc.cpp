@@ -224,21 +224,22 @@ std::vector<CudaBinary> compile_cuda_batch(const std::vector<std::pair<std::stri
     waiting.push_back({i, it->second});
   }
 
+  // Compiles a job and keeps a successful result on disk.
+  auto build_and_save = [&](Job& job) {
+    try {
+      build(job, options);
+      if (job.error.empty() && disk) {
+        // The report first: a .cubin present means its .log is too.
+        disk_cache::write_atomic(dir / (job.result.key + ".log"), job.result.log, kWho);
+        disk_cache::write_atomic(dir / (job.result.key + ".cubin"), job.result.cubin, kWho);
+      }
+    } catch (const std::exception& e) {
+      job.error = e.what();
+    }
+  };
   std::atomic<size_t> next{0};
   auto worker = [&] {
-    for (size_t j = next++; j < pending.size(); j = next++) {
-      Job& job = pending[j];
-      try {
-        build(job, options);
-        if (job.error.empty() && disk) {
-          // The report first: a .cubin present means its .log is too.
-          disk_cache::write_atomic(dir / (job.result.key + ".log"), job.result.log, kWho);
-          disk_cache::write_atomic(dir / (job.result.key + ".cubin"), job.result.cubin, kWho);
-        }
-      } catch (const std::exception& e) {
-        job.error = e.what();
-      }
-    }
+    for (size_t j = next++; j < pending.size(); j = next++) build_and_save(pending[j]);
   };
   std::vector<std::thread> threads;
   const size_t n = std::min(pending.size(), static_cast<size_t>(std::max(jobs, 1)));
@@ -253,11 +254,7 @@ std::vector<CudaBinary> compile_cuda_batch(const std::vector<std::pair<std::stri
     static std::mutex alone;
     std::lock_guard lock(alone);
     job.result.cubin.clear();
-    build(job, options);
-    if (job.error.empty() && disk) {
-      disk_cache::write_atomic(dir / (job.result.key + ".log"), job.result.log, kWho);
-      disk_cache::write_atomic(dir / (job.result.key + ".cubin"), job.result.cubin, kWho);
-    }
+    build_and_save(job);
   }
 
   for (const Job& job : pending) {

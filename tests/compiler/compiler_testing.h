@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "compiler/ir/graph.h"
+#include "core/grad_mode.h"
+#include "models/module.h"
 
 namespace kiln::testing {
 
@@ -41,6 +43,23 @@ inline compiler::Value number(compiler::Graph& g, double v) {
 inline compiler::Value op(compiler::Graph& g, std::string_view name, std::vector<compiler::Value> in,
                           Attrs attrs = {}) {
   return g.add_op1(name, std::move(in), std::move(attrs));
+}
+
+// How many op nodes of `op` the graph has.
+inline int64_t count_ops(const compiler::Graph& g, std::string_view op) {
+  int64_t n = 0;
+  for (const compiler::Node& node : g.nodes()) n += node.kind == compiler::NodeKind::op && node.op == op;
+  return n;
+}
+
+// Makes `to`'s parameters equal to `from`'s (two models of one architecture).
+inline void copy_parameters(const nn::Module& from, nn::Module& to) {
+  NoGradGuard no_grad;
+  const auto source = from.named_parameters(), target = to.named_parameters();
+  for (size_t i = 0; i < source.size(); ++i) {
+    Tensor t = target[i].second;
+    t.copy_(source[i].second);
+  }
 }
 
 inline std::vector<int32_t> compute_nodes(const compiler::Graph& g) {

@@ -5,19 +5,15 @@
 #include <string>
 
 #include "compiler/trace.h"
+#include "compiler_testing.h"
 #include "testing.h"
 
 using namespace kiln;
 using namespace kiln::compiler;
+using kiln::testing::count_ops;
 using Catch::Matchers::Contains;
 
 namespace {
-
-int64_t count_ops(const Graph& g, const std::string& op) {
-  return std::count_if(g.nodes().begin(), g.nodes().end(), [&](const compiler::Node& n) {
-    return n.kind == NodeKind::op && n.op == op;
-  });
-}
 
 
 // Running statistics that differ from their defaults and from one another.

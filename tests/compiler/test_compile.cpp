@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "compiler/compile.h"
+#include "compiler_testing.h"
 #include "testing.h"
 
 using namespace kiln;
@@ -63,14 +64,7 @@ TEST_CASE("compile of an MLP step matches eager loss and grads with grad effects
   models::MLP model({4, 8, 3}), reference({4, 8, 3});
   model.to(DType::f64);
   reference.to(DType::f64);
-  {
-    NoGradGuard no_grad;
-    const auto params = model.named_parameters(), ref_params = reference.named_parameters();
-    for (size_t i = 0; i < params.size(); ++i) {
-      Tensor target = ref_params[i].second;
-      target.copy_(params[i].second);
-    }
-  }
+  kiln::testing::copy_parameters(model, reference);
   auto step_of = [](models::MLP& m) {
     return [&m](const Args& a) -> Args {
       Tensor loss = mse_loss(m(a[0]), a[1]);

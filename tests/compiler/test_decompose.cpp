@@ -14,18 +14,13 @@
 
 using namespace kiln;
 using namespace kiln::compiler;
+using kiln::testing::count_ops;
 
 namespace {
 
 using kiln::testing::TempCache;
 
 using Args = std::vector<Tensor>;
-
-int64_t count_ops(const Graph& g, std::string_view op) {
-  int64_t n = 0;
-  for (const compiler::Node& node : g.nodes()) n += node.kind == NodeKind::op && node.op == op;
-  return n;
-}
 
 int64_t eager_steps(const Graph& g) {
   int64_t n = 0;

@@ -15,10 +15,12 @@
 #include "optim/adamw.h"
 #include "optim/lr_schedule.h"
 #include "optim/sgd.h"
+#include "compiler_testing.h"
 #include "testing.h"
 
 using namespace kiln;
 using namespace kiln::compiler;
+using kiln::testing::count_ops;
 using Catch::Matchers::Contains;
 
 namespace {
@@ -216,11 +218,6 @@ struct Trainer {
     return cos(arange(18, {.dtype = dtype}).reshape({6, 3}) * (0.2 + 0.05 * s));
   }
 };
-
-int64_t count_ops(const Graph& g, const std::string& op) {
-  return std::count_if(g.nodes().begin(), g.nodes().end(),
-                       [&](const compiler::Node& n) { return n.kind == NodeKind::op && n.op == op; });
-}
 
 // The traced step holds one pure update per parameter and writes back every parameter and
 // every state tensor (by the names Trainer::names gave them).

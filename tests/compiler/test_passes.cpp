@@ -9,10 +9,12 @@
 
 #include "compiler/passes/passes.h"
 #include "compiler/trace.h"
+#include "compiler_testing.h"
 #include "testing.h"
 
 using namespace kiln;
 using namespace kiln::compiler;
+using kiln::testing::count_ops;
 using Catch::Matchers::Contains;
 
 namespace {
@@ -79,11 +81,6 @@ void check_same_values(const Graph& before, const Graph& after, double rtol) {
     KILN_CHECK_CLOSE(actual[i], expected[i], rtol, 0.0);
   }
   for (size_t i = 0; i < inputs.size(); ++i) KILN_CHECK_CLOSE(inputs_after[i], inputs_before[i], rtol, 0.0);
-}
-
-int64_t count_ops(const Graph& g, const std::string& op) {
-  return std::count_if(g.nodes().begin(), g.nodes().end(),
-                       [&](const compiler::Node& n) { return n.kind == NodeKind::op && n.op == op; });
 }
 
 bool logged(const RewriteLog& log, const std::string& rule) {

@@ -119,14 +119,7 @@ TEST_CASE("program of an MLP training step matches eager loss and grads over cal
   models::MLP model({4, 8, 3}), reference({4, 8, 3});
   model.to(DType::f64);
   reference.to(DType::f64);
-  {
-    NoGradGuard no_grad;
-    const auto params = model.named_parameters(), ref_params = reference.named_parameters();
-    for (size_t i = 0; i < params.size(); ++i) {
-      Tensor target = ref_params[i].second;
-      target.copy_(params[i].second);
-    }
-  }
+  kiln::testing::copy_parameters(model, reference);
   auto step_of = [](models::MLP& m) {
     return [&m](const Args& a) -> Args {
       Tensor loss = mse_loss(m(a[0]), a[1]);
@@ -257,6 +250,26 @@ TEST_CASE("program computes write-backs in place when no later step reads the ol
     CHECK(p.data_ptr() == data);
     KILN_CHECK_EQUAL(p, expected);
   }
+}
+
+TEST_CASE("program lets an eager op write its written-back result into the input", "[program]") {
+  TempCache cache;
+  auto fn = [](const Args& a) -> Args {
+    Tensor p = a[0];
+    p.copy_(mm(a[1], a[2]));  // p's old value is never read: mm writes into p
+    return {};
+  };
+  const Tensor p0 = randn({4, 5}), x = randn({4, 3}), w = randn({3, 5});
+  const Program program(simplified_trace(fn, {p0.clone(), x, w}));
+  const std::string text = program.describe();
+  INFO(text);
+  CHECK(text.find("mm %") != std::string::npos);
+  CHECK(text.find("(in place into %") != std::string::npos);
+  Tensor p = p0.clone();
+  void* const data = p.data_ptr();
+  program.run({p, x, w});
+  CHECK(p.data_ptr() == data);
+  KILN_CHECK_CLOSE(p, mm(x, w), 1e-6, 1e-6);
 }
 
 TEST_CASE("program runs an optimizer's pure update in place through its in-place twin", "[program]") {
