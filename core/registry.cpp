@@ -75,12 +75,13 @@ std::string Attrs::to_string() const {
 
 TensorMeta TensorMeta::of(const Tensor& t) {
   if (!t.defined()) return TensorMeta{.shape = {}, .defined = false};
-  return TensorMeta{t.shape(), t.dtype(), t.device(), t.is_wrapped_number(), true};
+  return TensorMeta{t.shape(), t.dtype(), t.device(), t.is_wrapped_number(), true, t.suggest_memory_format()};
 }
 
 std::string TensorMeta::str() const {
   if (!defined) return "none";
-  return fmt::format("{}{} {}", dtype, shape_str(shape), device);
+  return fmt::format("{}{} {}{}", dtype, shape_str(shape), device,
+                     memory_format == MemoryFormat::channels_last ? " channels_last" : "");
 }
 
 std::string metas_str(std::span<const TensorMeta> in) {
@@ -259,7 +260,7 @@ static std::vector<Tensor> run_op(const OpDef& op, std::vector<Tensor> inputs, c
     Device device = out_metas.empty() ? common_device(metas, op.name.c_str()) : out_metas[0].device;
     KernelFn kernel = kernel_for(op, device, metas);
     outputs.reserve(out_metas.size());
-    for (const TensorMeta& m : out_metas) outputs.push_back(make_tensor(m.shape, m.dtype, m.device));
+    for (const TensorMeta& m : out_metas) outputs.push_back(make_tensor(m.shape, m.dtype, m.device, m.memory_format));
     DepthScope scope;
     kernel(inputs, outputs, attrs);
   }
@@ -436,6 +437,14 @@ DType result_type(std::span<const TensorMeta> in) {
   }
   std::optional<DType> r = combine(dims, combine(zero_dim, wrapped));
   return r ? *r : kDefaultFloat;
+}
+
+MemoryFormat elementwise_memory_format(std::span<const TensorMeta> in, const Shape& out) {
+  if (out.size() != 4) return MemoryFormat::contiguous;
+  for (const TensorMeta& m : in)
+    if (m.defined && m.shape == out && m.memory_format == MemoryFormat::channels_last)
+      return MemoryFormat::channels_last;
+  return MemoryFormat::contiguous;
 }
 
 Device common_device(std::span<const TensorMeta> in, const char* op) {

@@ -64,8 +64,12 @@ struct TensorMeta {
   Device device;
   bool wrapped_number = false;
   bool defined = true;
+  // How an op's output is laid out (its kernel writes into any strides; a shape rule says
+  // channels_last only where the kernel keeps that layout fast). Of an input: its
+  // suggest_memory_format().
+  MemoryFormat memory_format = MemoryFormat::contiguous;
   static TensorMeta of(const Tensor& t);
-  std::string str() const;  // "f32[2,3] cpu"
+  std::string str() const;  // "f32[2,3] cpu", "f32[2,3,4,4] cpu channels_last"
 };
 
 struct OpDef;
@@ -155,6 +159,9 @@ Shape broadcast_shapes(std::span<const Shape> shapes, const char* op);
 DType result_type(std::span<const TensorMeta> in);
 // Checks that defined inputs (other than wrapped numbers) share a device; returns it.
 Device common_device(std::span<const TensorMeta> in, const char* op);
+// The layout of an elementwise result of shape `out`: channels_last when it is 4-d and an
+// input of that whole shape is channels_last (PyTorch's layout propagation, simplified).
+MemoryFormat elementwise_memory_format(std::span<const TensorMeta> in, const Shape& out);
 // "f32[2,3] cpu, i64[2] cpu" for error messages.
 std::string metas_str(std::span<const TensorMeta> in);
 

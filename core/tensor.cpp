@@ -51,6 +51,32 @@ bool Tensor::is_contiguous() const {
   return true;
 }
 
+bool Tensor::is_contiguous(MemoryFormat format) const {
+  if (format == MemoryFormat::contiguous) return is_contiguous();
+  if (dim() != 4) return false;
+  if (numel() == 0) return true;
+  const Shape want = strides_for(shape(), format);
+  for (int64_t d = 0; d < 4; ++d)
+    if (impl_->shape[d] != 1 && impl_->strides[d] != want[d]) return false;
+  return true;
+}
+
+MemoryFormat Tensor::suggest_memory_format() const {
+  return is_contiguous(MemoryFormat::channels_last) && !is_contiguous() ? MemoryFormat::channels_last
+                                                                        : MemoryFormat::contiguous;
+}
+
+const char* memory_format_name(MemoryFormat f) {
+  return f == MemoryFormat::channels_last ? "channels_last" : "contiguous";
+}
+
+Shape strides_for(const Shape& shape, MemoryFormat format) {
+  if (format == MemoryFormat::contiguous) return contiguous_strides(shape);
+  KILN_CHECK(shape.size() == 4, "channels_last: needs a 4-d [N, C, H, W] shape, got {}", shape_str(shape));
+  const int64_t c = shape[1], h = shape[2], w = shape[3];
+  return {h * w * c, 1, w * c, c};
+}
+
 void* Tensor::data_ptr() const {
   const TensorImpl& t = get();
   return static_cast<char*>(t.storage->data) + t.offset * itemsize();
@@ -59,6 +85,12 @@ void* Tensor::data_ptr() const {
 std::string Tensor::meta_str() const {
   if (!defined()) return "undefined";
   return fmt::format("{}{} {}", dtype(), shape_str(shape()), device());
+}
+
+Tensor make_tensor(Shape shape, DType dtype, Device device, MemoryFormat format) {
+  Tensor t = make_tensor(shape, dtype, device);
+  if (format != MemoryFormat::contiguous) t.impl()->strides = strides_for(t.shape(), format);
+  return t;
 }
 
 Tensor make_tensor(Shape shape, DType dtype, Device device) {

@@ -24,6 +24,14 @@ Shape contiguous_strides(const Shape& shape);
 // Wraps a possibly negative dim into [0, ndim); errors name `op`.
 int64_t wrap_dim(int64_t dim, int64_t ndim, const char* op);
 
+// How a 4-d [N, C, H, W] tensor's elements lie in memory: row-major (NCHW), or
+// channels_last (NHWC: the channels of one pixel next to each other, then W, then H, then
+// N), as PyTorch's torch.channels_last. The shape is [N, C, H, W] either way.
+enum class MemoryFormat : uint8_t { contiguous, channels_last };
+const char* memory_format_name(MemoryFormat f);  // "contiguous", "channels_last"
+// The strides of a tensor of `shape` (4-d for channels_last) laid out in `format`.
+Shape strides_for(const Shape& shape, MemoryFormat format);
+
 struct AutogradMeta;  // defined by autograd/
 class Node;           // a backward-graph node, defined by autograd/
 
@@ -65,6 +73,12 @@ class Tensor {
   Device device() const { return get().device; }
   size_t itemsize() const { return kiln::itemsize(get().dtype); }
   bool is_contiguous() const;
+  // Whether the elements lie in memory as `format` lays them out (size-1 dims may have any
+  // stride, as PyTorch's is_contiguous(memory_format)). A [N, C, 1, 1] tensor is both.
+  bool is_contiguous(MemoryFormat format) const;
+  // channels_last for a 4-d tensor laid out NHWC that is not also contiguous, else
+  // contiguous: the layout kernels follow when they choose their output's layout.
+  MemoryFormat suggest_memory_format() const;
   bool is_wrapped_number() const { return get().wrapped_number; }
   const Storage& storage() const { return get().storage; }
   // The first element's address (storage data + offset).
@@ -85,6 +99,8 @@ class Tensor {
   Tensor to(Device device) const;  // likewise
   Tensor clone() const;            // a contiguous copy
   Tensor contiguous() const;       // this tensor when already contiguous
+  // This tensor when already laid out in `format`, else a copy that is (clone op).
+  Tensor contiguous(MemoryFormat format) const;
 
   // Views: share storage, never copy (reshape and flatten copy only when no view exists).
   Tensor view(Shape shape) const;
@@ -157,8 +173,9 @@ class Tensor {
 
 std::ostream& operator<<(std::ostream& os, const Tensor& t);
 
-// A tensor over fresh storage (contiguous) or over given storage.
+// A tensor over fresh storage (contiguous, or laid out in `format`) or over given storage.
 Tensor make_tensor(Shape shape, DType dtype, Device device = Device::cpu());
+Tensor make_tensor(Shape shape, DType dtype, Device device, MemoryFormat format);
 Tensor make_view(const Tensor& base, Shape shape, Shape strides, int64_t offset);
 // A 0-d CPU tensor holding a number written in the program.
 Tensor wrap_scalar(Scalar s);

@@ -10,7 +10,9 @@ TensorMeta out_meta(std::span<const TensorMeta> in, const char* op, DType dtype)
   std::vector<Shape> shapes;
   for (const TensorMeta& m : in)
     if (m.defined) shapes.push_back(m.shape);
-  return TensorMeta{broadcast_shapes(shapes, op), dtype, common_device(in, op)};
+  TensorMeta out{broadcast_shapes(shapes, op), dtype, common_device(in, op)};
+  out.memory_format = elementwise_memory_format(in, out.shape);
+  return out;
 }
 
 void check_inputs(std::span<const TensorMeta> in, size_t n, const char* op) {
@@ -99,15 +101,24 @@ std::vector<TensorMeta> infer_where(std::span<const TensorMeta> in, const Attrs&
 }
 const OpDef& kWhere = define_op({.name = "where", .infer = infer_where});
 
-// cast: a copy converted to the `dtype` attribute; clone: a contiguous copy.
+// cast: a copy converted to the `dtype` attribute, laid out as the input; clone: a
+// contiguous copy, or one laid out channels_last with {channels_last=true}.
 std::vector<TensorMeta> infer_cast(std::span<const TensorMeta> in, const Attrs& a) {
   check_inputs(in, 1, "cast");
-  return {TensorMeta{in[0].shape, a.dtype("dtype"), in[0].device}};
+  TensorMeta out{in[0].shape, a.dtype("dtype"), in[0].device};
+  out.memory_format = in[0].memory_format;
+  return {out};
 }
 const OpDef& kCast = define_op({.name = "cast", .infer = infer_cast});
-std::vector<TensorMeta> infer_clone(std::span<const TensorMeta> in, const Attrs&) {
+std::vector<TensorMeta> infer_clone(std::span<const TensorMeta> in, const Attrs& a) {
   check_inputs(in, 1, "clone");
-  return {TensorMeta{in[0].shape, in[0].dtype, in[0].device}};
+  TensorMeta out{in[0].shape, in[0].dtype, in[0].device};
+  if (a.has("channels_last") && a.b("channels_last")) {
+    KILN_CHECK(in[0].shape.size() == 4, "clone: channels_last needs a 4-d [N, C, H, W] tensor, got {}",
+               metas_str(in));
+    out.memory_format = MemoryFormat::channels_last;
+  }
+  return {out};
 }
 const OpDef& kClone = define_op({.name = "clone", .infer = infer_clone});
 // fill: a tensor shaped like the input, every element `value` (used in place by fill_).
@@ -323,5 +334,10 @@ Tensor Tensor::to(Device device) const {
 }
 Tensor Tensor::clone() const { return call_op1(kClone, {*this}); }
 Tensor Tensor::contiguous() const { return is_contiguous() ? *this : clone(); }
+Tensor Tensor::contiguous(MemoryFormat format) const {
+  if (format == MemoryFormat::contiguous) return contiguous();
+  if (is_contiguous(format)) return *this;
+  return call_op1(kClone, {*this}, Attrs{{"channels_last", true}});
+}
 
 }  // namespace kiln
