@@ -210,7 +210,7 @@ std::shared_ptr<Program> install_backend(Trace& t, const CompileOptions& options
   if (dump) dump_file(options.dump_dir, number, "trace.ir", print(t.graph));
   if (options.backend == "interpreter") return nullptr;
   std::vector<PassRecord> records;
-  Graph optimized = run_pipeline(t.graph, default_compile_passes(), &records, false);
+  Graph optimized = run_pipeline(t.graph, default_compile_passes(options.layout), &records, false);
   if (dump) {
     dump_file(options.dump_dir, number, "simplified.ir", print(optimized));
     dump_file(options.dump_dir, number, "passes.txt", timing_table(records));

@@ -52,6 +52,7 @@
 #include <string>
 #include <vector>
 
+#include "compiler/passes/passes.h"
 #include "compiler/trace.h"
 
 namespace kiln::compiler {
@@ -74,6 +75,9 @@ struct CompileOptions {
   int64_t recompile_limit = 8;
   // Names for captured tensors (model.named_parameters(), ...), used in graphs and messages.
   TraceOptions trace;
+  // Where the layout pass runs convolutions channels-last (compiler/passes/passes.h):
+  // automatic (the CPU's convolution regions), keep, or channels_last (every device).
+  LayoutPolicy layout = LayoutPolicy::automatic;
   // Time every step of the generated programs (see CompiledFunction::profile); also on when
   // the environment sets KILN_PROFILE=1.
   bool profile = false;

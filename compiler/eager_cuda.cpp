@@ -161,15 +161,23 @@ bool run_split_reduction(const OpDef& op, Span in, Span out, const Attrs& attrs)
 // unravelling of its index (a 4-d one divides four times per element): the common case of
 // activations, measured at a third of the copy bandwidth on an H200 before this.
 bool flat_operands(Span in, Span out, std::vector<Tensor>& flat_in, std::vector<Tensor>& flat_out) {
-  const Shape& shape = out[0].shape();
+  const Tensor& first = out[0];
+  const Shape& shape = first.shape();
   if (shape.size() <= 1) return false;
+  // One dense layout for all (contiguous, or channels_last with the same strides): element
+  // i of each operand's memory is the same logical element.
+  const bool contiguous = first.is_contiguous();
+  if (!contiguous && !first.is_contiguous(MemoryFormat::channels_last)) return false;
+  auto same_layout = [&](const Tensor& t) {
+    return t.shape() == shape && (contiguous ? t.is_contiguous() : t.strides() == first.strides());
+  };
   for (const Tensor& t : out)
-    if (t.shape() != shape || !t.is_contiguous()) return false;
+    if (!same_layout(t)) return false;
   for (const Tensor& t : in)
-    if (t.defined() && t.dim() != 0 && (t.shape() != shape || !t.is_contiguous())) return false;
-  const Shape line = {out[0].numel()};
-  for (const Tensor& t : in) flat_in.push_back(t.defined() && t.dim() != 0 ? t.view(line) : t);
-  for (const Tensor& t : out) flat_out.push_back(t.view(line));
+    if (t.defined() && t.dim() != 0 && !same_layout(t)) return false;
+  auto line = [&](const Tensor& t) { return t.as_strided({t.numel()}, {1}, t.offset()); };
+  for (const Tensor& t : in) flat_in.push_back(t.defined() && t.dim() != 0 ? line(t) : t);
+  for (const Tensor& t : out) flat_out.push_back(line(t));
   return true;
 }
 

@@ -152,6 +152,8 @@ struct TrainBenchOptions {
   int64_t batch = 8, micro_batch = 0, image_size = 64, classes = 1000, steps = 10, warmup = 2;
   bool compile = false;  // also time the compiled step, in the same run
   bool profile = false;  // print where the compiled step's time goes (to stderr)
+  bool channels_last = false;  // the batch (so eager's whole step) channels-last
+  compiler::LayoutPolicy layout = compiler::LayoutPolicy::automatic;  // the compiled modes' layout pass
 };
 
 struct TrainTiming {
@@ -243,15 +245,18 @@ int bench_train(const TrainBenchOptions& o) {
   optim::SGD sgd(model->parameters(), {.lr = 0.01, .momentum = 0.9, .weight_decay = 5e-5});
   const optim::Accumulation accumulation({.batch = o.batch, .micro_batch = o.micro_batch > 0 ? o.micro_batch : o.batch});
   Tensor x = randn({o.batch, 3, o.image_size, o.image_size}).to(device);
+  if (o.channels_last) x = x.contiguous(MemoryFormat::channels_last);
   Tensor y = randint(0, o.classes, {o.batch}).to(device);
   int64_t parameters = 0;
   for (const Tensor& p : model->parameters()) parameters += p.numel();
   auto line = [&](const char* mode, const TrainTiming& t, const std::string& extra) {
     std::cout << fmt::format(
         R"({{"bench":"train","mode":"{}","arch":"{}","device":"{}","batch":{},"micro_batch":{},"image_size":{},)"
+        R"("input_layout":"{}","layout_pass":"{}",)"
         R"("parameters":{},"steps":{},"median_step_ms":{:.1f},"img_per_s":{:.1f},"peak_mib":{:.1f},"first_call_s":{:.2f}{}}})"
         "\n",
-        mode, o.arch, o.device, o.batch, accumulation.options().micro_batch, o.image_size, parameters, o.steps,
+        mode, o.arch, o.device, o.batch, accumulation.options().micro_batch, o.image_size,
+        o.channels_last ? "channels_last" : "contiguous", compiler::layout_policy_name(o.layout), parameters, o.steps,
         t.median_ms, 1000.0 * static_cast<double>(o.batch) / t.median_ms, t.peak_mib, t.first_call_s, extra);
   };
   // The modes share the model and optimizer. Warm-ups run mode by mode (the first call of a
@@ -273,13 +278,14 @@ int bench_train(const TrainBenchOptions& o) {
     // The forward and backward of each micro-step compiled; the SGD update eager (as
     // kiln-train --compile runs it). Two warm-up calls at least: the first traces with
     // .grad undefined, the second with it defined (accumulation), each a graph of its own.
-    compiled = compiler::compile(train::micro_step_function(*model, 0.0), {.profile = o.profile});
+    compiled = compiler::compile(train::micro_step_function(*model, 0.0), {.layout = o.layout, .profile = o.profile});
     modes.push_back({"compiled", [&] { train::train_step_compiled(*compiled, sgd, accumulation, x, y); },
                      std::max<int64_t>(o.warmup, 2)});
     // The whole optimizer step (micro-steps, accumulation and the SGD update) as one graph.
     // The program runs the updates in place (Program's in-place write-backs); the graph
     // zero-fills .grad instead of freeing it, so it holds the gradients through the step.
-    whole = compiler::compile(train::whole_step_function(*model, sgd, accumulation, 0.0), {.profile = o.profile});
+    whole = compiler::compile(train::whole_step_function(*model, sgd, accumulation, 0.0),
+                              {.layout = o.layout, .profile = o.profile});
     modes.push_back({"compiled-whole-step", [&] { (*whole)({x, y}); }, std::max<int64_t>(o.warmup, 2)});
   }
   auto run = [&](Mode& m) {
@@ -461,8 +467,8 @@ TrainBenchOptions parse_train_options(int argc, char** argv) {
   TrainBenchOptions o;
   for (int i = 2; i < argc; ++i) {
     const std::string option = argv[i];
-    if (option == "--compile" || option == "--profile") {
-      (option == "--compile" ? o.compile : o.profile) = true;
+    if (option == "--compile" || option == "--profile" || option == "--channels-last") {
+      (option == "--compile" ? o.compile : option == "--profile" ? o.profile : o.channels_last) = true;
       continue;
     }
     KILN_CHECK(i + 1 < argc, "kiln-bench train: {} needs a value", option);
@@ -484,7 +490,12 @@ TrainBenchOptions parse_train_options(int argc, char** argv) {
     else if (option == "--classes") o.classes = number();
     else if (option == "--steps") o.steps = number();
     else if (option == "--warmup") o.warmup = number();
-
+    else if (option == "--layout") {
+      if (value == "auto") o.layout = compiler::LayoutPolicy::automatic;
+      else if (value == "keep") o.layout = compiler::LayoutPolicy::keep;
+      else if (value == "channels_last") o.layout = compiler::LayoutPolicy::channels_last;
+      else fail("kiln-bench train: --layout {}: expected auto, keep or channels_last", value);
+    }
     else fail("kiln-bench train: unknown option {}", option);
   }
   return o;
@@ -510,6 +521,8 @@ int main(int argc, char** argv) {
                  "         synthetic batch: --arch resnet50 --batch 8 --micro-batch N --image-size 64\n"
                  "         --classes 1000 --steps 10 --warmup 2 --device cpu [--compile: compiled too, with\n"
                  "         the speedup and peak-memory ratios against eager measured in the same run]\n"
+                 "         [--channels-last: the batch NHWC, so eager runs NHWC too] [--layout auto|keep|\n"
+                 "         channels_last: where the compiled modes' layout pass runs convolutions NHWC]\n"
                  "  mlp-block  eager against compiled training step (forward, loss mean(y^2), backward) of\n"
                  "         y = x + fc2(gelu(fc1(layer_norm(x)))): --batch 256 --width 1024 --hidden 4*width\n"
                  "         --steps 10 --warmup 2 [--describe: the traced graph on stderr; KILN_DUMP=DIR: every stage]\n";

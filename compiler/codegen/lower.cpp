@@ -301,22 +301,26 @@ Kernel lower_pointwise(const Graph& g, const std::vector<int32_t>& nodes) {
   Lowering l(g, nodes, "lower_pointwise");
   const std::vector<int32_t> outputs = l.used_outside();
   KILN_CHECK(!outputs.empty(), "lower_pointwise: no value of the group is used outside it");
-  const Shape space = g.nodes()[static_cast<size_t>(outputs[0])].outputs[0].shape;
-  std::vector<int32_t> identity(space.size());
-  for (size_t d = 0; d < space.size(); ++d) identity[d] = static_cast<int32_t>(d);
-  l.set_space(space, identity, 0);
+  const TensorType& first = g.nodes()[static_cast<size_t>(outputs[0])].outputs[0];
+  const Shape space = first.shape;
+  // The loops walk the first output's memory in order: N, H, W, C for a channels_last one,
+  // so that the innermost loop is the unit-stride one.
+  std::vector<int32_t> order(space.size());
+  for (size_t d = 0; d < space.size(); ++d) order[d] = static_cast<int32_t>(d);
+  if (first.layout == Layout::channels_last && space.size() == 4) order = {0, 2, 3, 1};
+  l.set_space(space, order, 0);
   for (int32_t n : outputs) {
     const Shape& shape = g.nodes()[static_cast<size_t>(n)].outputs[0].shape;
     KILN_CHECK(shape == space, "lower_pointwise: the group's outputs have different shapes ({} and {})",
                shape_str(space), shape_str(shape));
-    l.add_output(n, identity);
+    l.add_output(n, order);
   }
   l.lower_nodes();
   Kernel& k = l.kernel();
   for (size_t b = 0; b < outputs.size(); ++b)
     k.stores.push_back({static_cast<int32_t>(b), l.expr_of(outputs[b])});
   k.size_from.resize(space.size());
-  for (size_t d = 0; d < space.size(); ++d) k.size_from[d] = {0, static_cast<int32_t>(d)};
+  for (size_t d = 0; d < space.size(); ++d) k.size_from[d] = {0, order[d]};
   return l.finish(k.rank);
 }
 

@@ -11,14 +11,10 @@ namespace kiln::compiler {
 
 namespace {
 
-bool is_channels_last(const Tensor& t) {
-  if (t.dim() != 4) return false;
-  const Shape& s = t.shape();
-  const Shape& st = t.strides();
-  // NHWC strides: C fastest, then W, then H, then N (size-1 dims may have any stride).
-  const int64_t c = s[1], h = s[2], w = s[3];
-  return (c == 1 || st[1] == 1) && (w == 1 || st[3] == c) && (h == 1 || st[2] == c * w) &&
-         (s[0] == 1 || st[0] == c * h * w) && !t.is_contiguous();
+// Whether a channels_last tensor of `shape` is laid out differently from a contiguous one
+// (not so when C is 1 or the plane has one pixel): only then is the layout worth a type.
+bool distinct_channels_last(const Shape& shape) {
+  return shape.size() == 4 && shape[1] != 1 && shape[2] * shape[3] != 1;
 }
 
 std::string double_text(double d) {
@@ -51,18 +47,25 @@ TensorType TensorType::of(const Tensor& t) {
   return TensorType{.dtype = t.dtype(),
                     .shape = t.shape(),
                     .device = t.device(),
-                    .layout = is_channels_last(t) ? Layout::channels_last : Layout::contiguous,
+                    .layout = t.suggest_memory_format() == MemoryFormat::channels_last ? Layout::channels_last
+                                                                                       : Layout::contiguous,
                     .wrapped_number = t.is_wrapped_number()};
 }
 
 TensorType TensorType::of(const TensorMeta& m) {
   if (!m.defined) return TensorType{.defined = false};
-  return TensorType{.dtype = m.dtype, .shape = m.shape, .device = m.device, .wrapped_number = m.wrapped_number};
+  const bool channels_last = m.memory_format == MemoryFormat::channels_last && distinct_channels_last(m.shape);
+  return TensorType{.dtype = m.dtype,
+                    .shape = m.shape,
+                    .device = m.device,
+                    .layout = channels_last ? Layout::channels_last : Layout::contiguous,
+                    .wrapped_number = m.wrapped_number};
 }
 
 TensorMeta TensorType::meta() const {
   if (!defined) return TensorMeta{.shape = {}, .defined = false};
-  return TensorMeta{shape, dtype, device, wrapped_number, true};
+  return TensorMeta{shape, dtype, device, wrapped_number, true,
+                    layout == Layout::channels_last ? MemoryFormat::channels_last : MemoryFormat::contiguous};
 }
 
 std::string TensorType::str() const {

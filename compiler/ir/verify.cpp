@@ -70,9 +70,7 @@ class NodeChecker {
     if (expected.size() != node_.outputs.size())
       error("has {} outputs, its shape rule gives {}", node_.outputs.size(), expected.size());
     for (size_t i = 0; i < expected.size(); ++i) {
-      // Layout is a strides class chosen by the layout pass, not part of the shape rule.
-      TensorType want = TensorType::of(expected[i]);
-      want.layout = node_.outputs[i].layout;
+      const TensorType want = TensorType::of(expected[i]);
       if (!(want == node_.outputs[i]))
         error("output {} is {}, its shape rule says {}", i, node_.outputs[i].str(), want.str());
     }

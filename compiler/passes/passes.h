@@ -45,6 +45,23 @@ const std::vector<Rule>& simplify_rules();
 Graph decompose(const Graph& graph, RewriteLog* log = nullptr);
 const std::vector<Rule>& decompose_rules();
 
+// Where the layout pass runs a graph's convolutions channels-last (NHWC): automatic (on the
+// CPU, where kiln's NHWC convolutions are GEMMs over the whole batch and beat the NCHW ones;
+// on CUDA not yet, until its batch norm and pooling have NHWC kernels), keep (never) or
+// channels_last (on every device).
+enum class LayoutPolicy : uint8_t { automatic, keep, channels_last };
+const char* layout_policy_name(LayoutPolicy policy);  // "auto", "keep", "channels_last"
+
+// The layout pass (compiler/passes/layout.cpp): when the policy applies to a convolution of
+// the graph, every convolution (groups == 1) reads its activations channels_last, through a
+// clone {channels_last=true} where a value is not yet, and the other ops take the layout
+// their shape rules give (elementwise, batch norm and pooling keep it), so the region runs
+// NHWC; pooling gradients are told to keep it; outputs and write-backs are copied back to
+// their layout. Logs one line per node it changed.
+Graph choose_layout(const Graph& graph, LayoutPolicy policy, RewriteLog* log = nullptr);
+// choose_layout with LayoutPolicy::channels_last (the pass tests' entry).
+Graph channels_last(const Graph& graph, RewriteLog* log = nullptr);
+
 using PassFn = std::function<Graph(const Graph&, RewriteLog*)>;
 struct NamedPass {
   std::string name;
@@ -68,8 +85,9 @@ Graph run_pipeline(const Graph& graph, const std::vector<NamedPass>& passes,
 
 // {fold_constants, simplify, dead_code}.
 std::vector<NamedPass> default_simplify_passes();
-// What kiln::compile runs before fusion: {fold_constants, simplify, decompose, dead_code}.
-std::vector<NamedPass> default_compile_passes();
+// What kiln::compile runs before fusion: {fold_constants, simplify, decompose, layout,
+// dead_code}.
+std::vector<NamedPass> default_compile_passes(LayoutPolicy layout = LayoutPolicy::automatic);
 
 // An aligned table: pass, ms, nodes before -> after, rewrites; then a total line.
 std::string timing_table(const std::vector<PassRecord>& records);

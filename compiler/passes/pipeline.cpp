@@ -37,8 +37,12 @@ std::vector<NamedPass> default_simplify_passes() {
   return {{"fold_constants", fold_constants}, {"simplify", simplify}, {"dead_code", dead_code}};
 }
 
-std::vector<NamedPass> default_compile_passes() {
-  return {{"fold_constants", fold_constants}, {"simplify", simplify}, {"decompose", decompose}, {"dead_code", dead_code}};
+std::vector<NamedPass> default_compile_passes(LayoutPolicy layout) {
+  return {{"fold_constants", fold_constants},
+          {"simplify", simplify},
+          {"decompose", decompose},
+          {"layout", [layout](const Graph& g, RewriteLog* log) { return choose_layout(g, layout, log); }},
+          {"dead_code", dead_code}};
 }
 
 std::string timing_table(const std::vector<PassRecord>& records) {

@@ -15,10 +15,14 @@ namespace {
 // whose rules each make the graph smaller or simpler stays far below this.
 constexpr int kMaxRuleDepth = 64;
 
-bool same_types(const Graph& graph, const Values& values, const std::vector<TensorType>& types) {
+bool same_types(const Graph& graph, const Values& values, const std::vector<TensorType>& types, bool any_layout) {
   if (values.size() != types.size()) return false;
-  for (size_t i = 0; i < values.size(); ++i)
-    if (!values[i].defined() || !(graph.type(values[i]) == types[i])) return false;
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (!values[i].defined()) return false;
+    TensorType t = graph.type(values[i]);
+    if (any_layout) t.layout = types[i].layout;
+    if (!(t == types[i])) return false;
+  }
   return true;
 }
 
@@ -82,7 +86,7 @@ Values Rewriter::place(const Candidate& c) {
   for (const Rule& rule : rules_) {
     if (!rule.ops.empty() && std::find(rule.ops.begin(), rule.ops.end(), c.op()) == rule.ops.end()) continue;
     Replacement r = rule.apply(*this, c);
-    if (!r || !same_types(out_, *r, c.outputs)) continue;
+    if (!r || !same_types(out_, *r, c.outputs, relaxed_layout_)) continue;
     if (log_) {
       std::string replaced;
       for (size_t i = 0; i < r->size(); ++i)
@@ -132,10 +136,18 @@ Graph Rewriter::run() {
       }
     }
   }
+  // Outputs and write-backs keep the layout the caller sees (a copy back where a relaxed
+  // rewrite changed it).
+  auto as_before = [&](Value old_value) {
+    const Value v = map(old_value);
+    if (!relaxed_layout_ || !v.defined() || out_.type(v).layout == source_.type(old_value).layout) return v;
+    const bool channels_last = source_.type(old_value).layout == Layout::channels_last;
+    return out_.add_op1("clone", {v}, channels_last ? Attrs{{"channels_last", true}} : Attrs{}, "layout");
+  };
   Values outputs;
-  for (Value v : source_.outputs()) outputs.push_back(map(v));
+  for (Value v : source_.outputs()) outputs.push_back(as_before(v));
   out_.set_outputs(std::move(outputs));
-  for (const auto& [input, value] : source_.write_backs()) out_.add_write_back(map(input), map(value));
+  for (const auto& [input, value] : source_.write_backs()) out_.add_write_back(map(input), as_before(value));
   return std::move(out_);
 }
 

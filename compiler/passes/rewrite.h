@@ -68,6 +68,10 @@ class Rewriter {
            const std::vector<bool>* keep = nullptr);
   // Builds and returns the new graph (once).
   Graph run();
+  // Lets replacements differ from the replaced values in layout (the layout pass, whose
+  // point is to change layouts; dtype, shape and device must still match). Nodes copied
+  // unchanged take the layout their shape rule gives for their new inputs.
+  void allow_layout_changes() { relaxed_layout_ = true; }
 
   // For rules, about the graph being built.
   const Graph& graph() const { return out_; }
@@ -93,6 +97,7 @@ class Rewriter {
   Graph out_;
   int depth_ = 0;
   bool done_ = false;
+  bool relaxed_layout_ = false;
 };
 
 // Rebuilds `graph` through `rules` (see above).

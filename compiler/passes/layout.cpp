@@ -1,0 +1,96 @@
+// The layout pass: runs a graph's convolution region channels-last (compiler/passes/passes.h).
+//
+// Only the convolutions are told: their activations (conv2d's input, the gradients and saved
+// inputs of its backward ops) are read through a clone {channels_last=true}, and every other
+// op takes the layout its shape rule gives for its new inputs (elementwise results follow a
+// channels_last input, batch norm and pooling keep their input's layout, convolutions their
+// activation's). So the layout spreads forward through the region by itself, and the clones
+// are left only where a value enters it: the image, once (hash-consing shares the clone of a
+// value read by several convolutions). Pooling gradients read no activation, so they are
+// told ({channels_last=true}) to keep the region's layout. Outputs and write-backs are copied
+// back to the layout they had (the Rewriter does this when layouts may change), so callers
+// see what eager code gives them.
+#include <algorithm>
+
+#include "compiler/passes/passes.h"
+
+namespace kiln::compiler {
+namespace {
+
+// Whether v is worth converting: a 4-d value whose channels_last layout differs from the
+// contiguous one, not channels_last yet.
+bool convertible(const Rewriter& rw, Value v) {
+  if (!v.defined()) return false;
+  const TensorType& t = rw.type(v);
+  return t.shape.size() == 4 && t.layout == Layout::contiguous && t.shape[1] != 1 && t.shape[2] * t.shape[3] != 1 &&
+         is_floating(t.dtype);
+}
+
+// The inputs of each convolution op that it reads as activations (N, C, H, W).
+std::vector<size_t> activation_inputs(const std::string& op) {
+  if (op == "conv2d" || op == "conv2d_backward_input") return {0};
+  if (op == "conv2d_backward_weight") return {0, 1};
+  return {};
+}
+
+std::vector<Rule> layout_rules() {
+  std::vector<Rule> rules;
+  rules.push_back({"nhwc_convolution", {"conv2d", "conv2d_backward_input", "conv2d_backward_weight"},
+                   [](Rewriter& rw, const Candidate& c) -> Replacement {
+                     if (c.attrs.has("groups") && c.attrs.i("groups") != 1) return std::nullopt;
+                     Values inputs = c.inputs;
+                     bool changed = false;
+                     for (size_t i : activation_inputs(c.op())) {
+                       if (!convertible(rw, inputs[i])) continue;
+                       inputs[i] = rw.add_op1("clone", {inputs[i]}, {{"channels_last", true}}, "layout");
+                       changed = true;
+                     }
+                     if (!changed) return std::nullopt;
+                     return rw.add_op(c.op(), std::move(inputs), c.attrs, c.source);
+                   }});
+  rules.push_back({"nhwc_pool_backward", {"max_pool2d_backward", "avg_pool2d_backward", "adaptive_avg_pool2d_backward"},
+                   [](Rewriter& rw, const Candidate& c) -> Replacement {
+                     if (c.attrs.has("channels_last") && c.attrs.b("channels_last")) return std::nullopt;
+                     const TensorType& out = c.outputs.at(0);
+                     if (out.shape.size() != 4 || out.shape[1] == 1 || out.shape[2] * out.shape[3] == 1)
+                       return std::nullopt;
+                     Attrs attrs = c.attrs;
+                     attrs.set("channels_last", true);
+                     return rw.add_op(c.op(), c.inputs, std::move(attrs), c.source);
+                   }});
+  return rules;
+}
+
+// Whether the graph has a convolution on a device the policy converts.
+bool has_convolution(const Graph& graph, LayoutPolicy policy) {
+  return std::any_of(graph.nodes().begin(), graph.nodes().end(), [&](const Node& n) {
+    if (n.kind != NodeKind::op || n.op != "conv2d") return false;
+    const Device device = n.outputs.at(0).device;
+    return policy == LayoutPolicy::channels_last || (policy == LayoutPolicy::automatic && device.is_cpu());
+  });
+}
+
+}  // namespace
+
+const char* layout_policy_name(LayoutPolicy policy) {
+  switch (policy) {
+    case LayoutPolicy::automatic: return "auto";
+    case LayoutPolicy::keep: return "keep";
+    case LayoutPolicy::channels_last: return "channels_last";
+  }
+  return "?";
+}
+
+Graph choose_layout(const Graph& graph, LayoutPolicy policy, RewriteLog* log) {
+  if (policy == LayoutPolicy::keep || !has_convolution(graph, policy)) return graph;
+  static const std::vector<Rule> rules = layout_rules();
+  Rewriter rw(graph, rules, log);
+  rw.allow_layout_changes();
+  return rw.run();
+}
+
+Graph channels_last(const Graph& graph, RewriteLog* log) {
+  return choose_layout(graph, LayoutPolicy::channels_last, log);
+}
+
+}  // namespace kiln::compiler
