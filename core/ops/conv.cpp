@@ -42,7 +42,10 @@ std::vector<TensorMeta> infer_conv2d(std::span<const TensorMeta> in, const Attrs
     KILN_CHECK(in[2].shape == Shape{g.out_channels},
                "conv2d: input {} and weight {}: bias {} must be [{}]", shape_str(in[0].shape),
                shape_str(in[1].shape), shape_str(in[2].shape), g.out_channels);
-  return {TensorMeta{g.output_shape(), in[0].dtype, in[0].device}};
+  // The output keeps the input's layout: a channels_last network stays channels_last.
+  TensorMeta out{g.output_shape(), in[0].dtype, in[0].device};
+  out.memory_format = in[0].memory_format;
+  return {out};
 }
 const OpDef& kConv2d = define_op({.name = "conv2d", .infer = infer_conv2d});
 
@@ -61,7 +64,10 @@ std::vector<TensorMeta> infer_backward_input(std::span<const TensorMeta> in, con
   check_floating(op, in);
   const Conv2dGeometry g = conv2d_geometry(attrs.ints("input_size"), in[1].shape, attrs, op);
   check_grad_out(op, in[0], g);
-  return {TensorMeta{g.input_shape(), in[0].dtype, in[0].device}};
+  // The input's gradient is laid out as grad_out, the activation this op reads.
+  TensorMeta out{g.input_shape(), in[0].dtype, in[0].device};
+  out.memory_format = in[0].memory_format;
+  return {out};
 }
 const OpDef& kBackwardInput =
     define_op({.name = "conv2d_backward_input", .infer = infer_backward_input});
@@ -73,6 +79,7 @@ std::vector<TensorMeta> infer_backward_weight(std::span<const TensorMeta> in, co
   check_floating(op, in);
   const Conv2dGeometry g = conv2d_geometry(in[1].shape, attrs.ints("weight_size"), attrs, op);
   check_grad_out(op, in[0], g);
+  // Weights (and so their gradients) stay contiguous whatever the activations' layout.
   return {TensorMeta{g.weight_shape(), in[0].dtype, in[0].device}};
 }
 const OpDef& kBackwardWeight =
