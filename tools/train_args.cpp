@@ -83,7 +83,8 @@ run:
   --cache-dir DIR      where --data shapes is generated  [$KILN_CACHE_DIR or ~/.cache/kiln]
   --device cpu|cuda    [cpu]
   --compile [MODE]     run forward, loss and backward compiled (kiln::compile; MODE: default)
-  --amp, --channels-last   not available yet (later issues)
+  --channels-last      NHWC batches: eager and compiled steps run their convolution region NHWC
+  --amp                not available yet (a later issue)
   --help
 )";
 }

@@ -159,9 +159,8 @@ void check_available(const Config& c) {
              "max-autotune come with the CUDA backend)",
              c.compile_mode);
   KILN_CHECK(!c.amp, "kiln-train: --amp is not available yet: mixed precision has not landed; train in f32");
-  KILN_CHECK(!c.channels_last,
-             "kiln-train: --channels-last is not available yet: eager tensors are NCHW only (the compiler's layout "
-             "pass will choose NHWC)");
+  KILN_CHECK(!c.channels_last || c.arch != "mlp",
+             "kiln-train: --channels-last needs a convolutional --arch (the mlp flattens its input)");
   KILN_CHECK(c.device == "cpu" || c.device == "cuda", "kiln-train: --device {}: expected cpu or cuda", c.device);
   KILN_CHECK(c.device == "cpu" || cuda::is_available(), "kiln-train: --device cuda: CUDA is not available: {}",
              cuda::unavailable_reason());
@@ -182,14 +181,15 @@ struct Evaluation {
   double loss = 0, accuracy = 0;
 };
 
-Evaluation evaluate(nn::Module& model, data::Loader& loader, const std::string& arch, Device device) {
+Evaluation evaluate(nn::Module& model, data::Loader& loader, const std::string& arch, Device device,
+                    MemoryFormat format) {
   NoGradGuard no_grad;
   model.eval();
   double loss_sum = 0;
   int64_t correct = 0, total = 0;
   for (data::Batch& batch : loader.epoch(0)) {
     const Tensor input = batch.input.to(device), target = batch.target.to(device);
-    Tensor x = arch == "mlp" ? input.flatten(1) : input;
+    Tensor x = arch == "mlp" ? input.flatten(1) : input.contiguous(format);
     Tensor logits = model(x);
     loss_sum += cross_entropy(logits, target).item<double>() * batch.size();
     correct += sum(eq(argmax(logits, 1), target)).item<int64_t>();
@@ -352,6 +352,7 @@ Result run(const Config& c, std::ostream& out) {
   std::shared_ptr<nn::Module> model = make_model(c.arch, classes, shape[0], shape[1]);
   // The loader makes batches on the CPU; each step copies its batch to the device.
   const Device device = c.device == "cuda" ? Device::cuda() : Device::cpu();
+  const MemoryFormat format = c.channels_last ? MemoryFormat::channels_last : MemoryFormat::contiguous;
   model->to(device);
   // Batch norm in training mode rejects a batch of one sample (one value per channel at
   // the last stage), so a last batch of one is dropped, as PyTorch users do with drop_last.
@@ -401,7 +402,12 @@ Result run(const Config& c, std::ostream& out) {
   result.micro_batch = micro;
   std::optional<compiler::CompiledFunction> compiled;
   if (c.compile) {
-    const compiler::CompileOptions options{.mode = c.compile_mode, .trace = compiler::module_names(*model)};
+    // --channels-last runs the whole step NHWC; otherwise the layout pass chooses (NHWC
+    // convolutions on the CPU).
+    const compiler::CompileOptions options{
+        .mode = c.compile_mode,
+        .trace = compiler::module_names(*model),
+        .layout = c.channels_last ? compiler::LayoutPolicy::channels_last : compiler::LayoutPolicy::automatic};
     // The micro-steps are compiled and the optimizer's update stays eager. A graph holding
     // the update too (whole_step_function) updates in place but was no faster on the CPU
     // (ResNet-50, kiln-bench train --compile: 1.02-1.05x eager against 1.08-1.13x for the
@@ -456,7 +462,7 @@ Result run(const Config& c, std::ostream& out) {
     int64_t batch_index = start;
     for (data::Batch& batch : train_loader.epoch(epoch, start)) {
       const auto t0 = Clock::now();
-      const Tensor input = batch.input.to(device), target = batch.target.to(device);
+      const Tensor input = batch.input.to(device).contiguous(format), target = batch.target.to(device);
       const StepStats s = compiled ? train_step_compiled(*compiled, *optimizer, accumulation, input, target)
                                    : train_step(*model, *optimizer, accumulation, input, target, c.label_smoothing);
       const double lr = optimizer->param_groups().front().lr();
@@ -498,7 +504,7 @@ Result run(const Config& c, std::ostream& out) {
                        .train_accuracy = seen ? static_cast<double>(correct) / seen : 0,
                        .images_per_second = seen_now / std::max(seconds_since(epoch_start), 1e-9)};
     if (val_loader) {
-      const Evaluation e = evaluate(*model, *val_loader, c.arch, device);
+      const Evaluation e = evaluate(*model, *val_loader, c.arch, device, format);
       record.val_loss = e.loss;
       record.val_accuracy = e.accuracy;
     }

@@ -91,7 +91,7 @@ struct Result {
 };
 
 // Trains as the config says, writing progress to `out`. Throws kiln::Error for bad
-// configurations and for features that are not available yet (--amp, --channels-last,
+// configurations and for features that are not available yet (--amp,
 // compile modes other than default), and --device cuda where CUDA is not available.
 Result run(const Config& config, std::ostream& out);
 
