@@ -63,8 +63,10 @@ std::vector<TensorMeta> infer_batch_norm(std::span<const TensorMeta> in, const A
   }
   const Device device = common_device(in, op);
   const DType s = stats_dtype(x.dtype);
-  return {TensorMeta{x.shape, x.dtype, device}, TensorMeta{per_channel, s, device},
-          TensorMeta{per_channel, s, device}};
+  // The normalized output keeps a channels_last input's layout; the statistics are [C].
+  TensorMeta out{x.shape, x.dtype, device};
+  out.memory_format = x.memory_format;
+  return {out, TensorMeta{per_channel, s, device}, TensorMeta{per_channel, s, device}};
 }
 const OpDef& kBatchNorm =
     define_op({.name = "batch_norm", .infer = infer_batch_norm, .mutated_inputs = {3, 4}});
@@ -117,7 +119,11 @@ std::vector<TensorMeta> infer_batch_norm_backward(std::span<const TensorMeta> in
   check_param(in[4], per_channel, "save_invstd", in, op);
   const Device device = common_device(in, op);
   const DType param = in[2].defined ? in[2].dtype : x.dtype;
-  return {TensorMeta{x.shape, x.dtype, device}, TensorMeta{per_channel, param, device},
+  // grad_input takes the input's layout, or grad_out's when the input is contiguous.
+  TensorMeta grad_input{x.shape, x.dtype, device};
+  grad_input.memory_format =
+      x.memory_format == MemoryFormat::channels_last ? x.memory_format : g.memory_format;
+  return {grad_input, TensorMeta{per_channel, param, device},
           TensorMeta{per_channel, param, device}};
 }
 const OpDef& kBatchNormBackward =

@@ -52,6 +52,25 @@ Shape input_size_attr(const Attrs& a, const TensorMeta& grad, std::span<const Te
   return size;
 }
 
+// A pooled output laid out as `format` (the input's: pooling keeps a channels_last layout).
+TensorMeta laid_out(Shape shape, DType dtype, Device device, MemoryFormat format) {
+  TensorMeta m{std::move(shape), dtype, device};
+  m.memory_format = format;
+  return m;
+}
+
+// The layout of a backward op's grad_input, which has no input tensor to follow:
+// channels_last when grad_out is, or when the optional `channels_last` attribute asks for it
+// (autograd sets it from the forward input, since a [N, C, 1, 1] grad_out counts as
+// contiguous whatever the input was).
+MemoryFormat grad_input_format(const TensorMeta& grad, const Shape& size, const Attrs& a,
+                               std::span<const TensorMeta> in, const char* op) {
+  const bool asked = a.has("channels_last") && a.b("channels_last");
+  KILN_CHECK(!asked || size.size() == 4, "{}: channels_last needs a 4-d input_size, got {} ({})",
+             op, shape_str(size), metas_str(in));
+  return asked ? MemoryFormat::channels_last : grad.memory_format;
+}
+
 Shape pooled_shape(const Shape& x, const Pool2dParams& p, std::span<const TensorMeta> in,
                    const char* op) {
   const size_t h = x.size() - 2;
@@ -73,7 +92,9 @@ std::vector<TensorMeta> infer_max_pool2d(std::span<const TensorMeta> in, const A
   check_defined(in, 1, op);
   check_pool_input(in[0], in, op);
   const Shape out = pooled_shape(in[0].shape, pool2d_params(a, op), in, op);
-  return {TensorMeta{out, in[0].dtype, in[0].device}, TensorMeta{out, DType::i64, in[0].device}};
+  const MemoryFormat format = in[0].memory_format;
+  return {laid_out(out, in[0].dtype, in[0].device, format),
+          laid_out(out, DType::i64, in[0].device, format)};
 }
 const OpDef& kMaxPool2d = define_op({.name = "max_pool2d", .infer = infer_max_pool2d});
 
@@ -86,7 +107,8 @@ std::vector<TensorMeta> infer_max_pool2d_backward(std::span<const TensorMeta> in
   KILN_CHECK(in[0].shape == in[1].shape, "{}: grad_out and indices differ in shape ({})", op,
              metas_str(in));
   const Shape size = input_size_attr(a, in[0], in, op);
-  return {TensorMeta{size, in[0].dtype, common_device(in, op)}};
+  return {laid_out(size, in[0].dtype, common_device(in, op),
+                   grad_input_format(in[0], size, a, in, op))};
 }
 const OpDef& kMaxPool2dBackward =
     define_op({.name = "max_pool2d_backward", .infer = infer_max_pool2d_backward});
@@ -96,7 +118,7 @@ std::vector<TensorMeta> infer_avg_pool2d(std::span<const TensorMeta> in, const A
   check_defined(in, 1, op);
   check_pool_input(in[0], in, op);
   const Shape out = pooled_shape(in[0].shape, pool2d_params(a, op), in, op);
-  return {TensorMeta{out, in[0].dtype, in[0].device}};
+  return {laid_out(out, in[0].dtype, in[0].device, in[0].memory_format)};
 }
 const OpDef& kAvgPool2d = define_op({.name = "avg_pool2d", .infer = infer_avg_pool2d});
 
@@ -111,7 +133,7 @@ std::vector<TensorMeta> infer_avg_pool2d_backward(std::span<const TensorMeta> in
   KILN_CHECK(expected == in[0].shape,
              "{}: grad_out {} does not match the pooled shape {} of input_size {}", op,
              metas_str(in), shape_str(expected), shape_str(size));
-  return {TensorMeta{size, in[0].dtype, in[0].device}};
+  return {laid_out(size, in[0].dtype, in[0].device, grad_input_format(in[0], size, a, in, op))};
 }
 const OpDef& kAvgPool2dBackward =
     define_op({.name = "avg_pool2d_backward", .infer = infer_avg_pool2d_backward});
@@ -127,7 +149,7 @@ std::vector<TensorMeta> infer_adaptive_avg_pool2d(std::span<const TensorMeta> in
   Shape out = in[0].shape;
   out[out.size() - 2] = size[0];
   out[out.size() - 1] = size[1];
-  return {TensorMeta{out, in[0].dtype, in[0].device}};
+  return {laid_out(out, in[0].dtype, in[0].device, in[0].memory_format)};
 }
 const OpDef& kAdaptiveAvgPool2d =
     define_op({.name = "adaptive_avg_pool2d", .infer = infer_adaptive_avg_pool2d});
@@ -138,7 +160,8 @@ std::vector<TensorMeta> infer_adaptive_avg_pool2d_backward(std::span<const Tenso
   check_defined(in, 1, op);
   KILN_CHECK(is_floating(in[0].dtype), "{}: expects a floating grad_out, got {}", op,
              metas_str(in));
-  return {TensorMeta{input_size_attr(a, in[0], in, op), in[0].dtype, in[0].device}};
+  const Shape size = input_size_attr(a, in[0], in, op);
+  return {laid_out(size, in[0].dtype, in[0].device, grad_input_format(in[0], size, a, in, op))};
 }
 const OpDef& kAdaptiveAvgPool2dBackward = define_op(
     {.name = "adaptive_avg_pool2d_backward", .infer = infer_adaptive_avg_pool2d_backward});

@@ -1,7 +1,9 @@
 // CPU kernels of batch and layer normalization. Inputs are made contiguous and seen as
 // [N, C, L] (batch norm: threads split the channels) or [M, K] (layer norm: threads split
-// the rows), so every inner loop runs over contiguous memory. Sums accumulate in f64;
-// elementwise work happens in the compute type (f32 for the 16-bit floats).
+// the rows), so every inner loop runs over contiguous memory. A channels_last batch-norm
+// input stays NHWC and is seen as [N*H*W, C]: rows of C channels, which threads split, with
+// per-channel vectors in the inner loops. Sums accumulate in f64; elementwise work happens
+// in the compute type (f32 for the 16-bit floats).
 #include <algorithm>
 #include <cmath>
 #include <mutex>
@@ -58,24 +60,106 @@ Tensor in_compute_dtype(const Tensor& t, DType input) {
   return as_dtype(t, input == DType::f64 ? DType::f64 : DType::f32).contiguous();
 }
 
+// Runs body(dst) with dst of dtype `dtype`, dense in `format`: `out` itself when it is one,
+// else a temporary then copied (and converted) into `out`, whatever its strides.
+template <class Body>
+void into_layout(const Tensor& out, DType dtype, MemoryFormat format, Body&& body) {
+  if (out.dtype() == dtype && out.is_contiguous(format)) {
+    body(out);
+    return;
+  }
+  Tensor tmp = make_tensor(out.shape(), dtype, out.device(), format);
+  body(tmp);
+  Tensor(out).copy_(tmp);
+}
+
 struct ChannelLayout {
-  int64_t n, c, l;  // input viewed as [N, C, L]
+  int64_t n, c, l;  // input viewed as [N, C, L]; channels_last: [N * L, C]
+  bool channels_last = false;
+  int64_t rows() const { return n * l; }
 };
-ChannelLayout channel_layout(const Tensor& x) {
+// x must be contiguous in `format`.
+ChannelLayout channel_layout(const Tensor& x, MemoryFormat format) {
   int64_t l = 1;
   for (int64_t d = 2; d < x.dim(); ++d) l *= x.size(d);
-  return {x.size(0), x.size(1), l};
+  return {x.size(0), x.size(1), l, format == MemoryFormat::channels_last};
 }
 
 int64_t grain_for(int64_t work_per_item) {
   return std::max<int64_t>(1, kGrain / std::max<int64_t>(1, work_per_item));
 }
 
-// Per channel of x (contiguous, viewed as [N, C, L]): the mean and the biased variance, in
-// f64. Each channel is summed by one thread in a fixed order, so the result does not depend
-// on the thread count: batch_norm and batch_norm_stats_update agree bit for bit.
+// Per-channel f64 sums over the rows of an NHWC tensor seen as [rows, C]: add_rows(r0, r1,
+// acc) adds the terms of rows [r0, r1) into acc[k * C + c] for each of the `sums` sums. The
+// rows are cut into blocks whose size depends only on the shape; each block sums into its
+// own partials, and the partials are added in block order, so the result depends neither on
+// the thread count nor on scheduling.
+template <class AddRows>
+std::vector<double> row_block_sums(int64_t rows, int64_t channels, int64_t sums, AddRows add_rows) {
+  constexpr int64_t kBlockElements = 8192, kMaxBlocks = 256;
+  const int64_t width = sums * channels;
+  std::vector<double> total(static_cast<size_t>(width), 0.0);
+  if (rows == 0 || channels == 0) return total;
+  const int64_t block_rows =
+      std::max({int64_t{1}, kBlockElements / channels, (rows + kMaxBlocks - 1) / kMaxBlocks});
+  const int64_t blocks = (rows + block_rows - 1) / block_rows;
+  std::vector<double> partials(static_cast<size_t>(blocks * width), 0.0);
+  parallel_for(blocks, grain_for(block_rows * channels), [&](int64_t b, int64_t e) {
+    for (int64_t block = b; block < e; ++block) {
+      add_rows(block * block_rows, std::min(rows, (block + 1) * block_rows),
+               partials.data() + block * width);
+    }
+  });
+  for (int64_t block = 0; block < blocks; ++block) {
+    const double* acc = partials.data() + block * width;
+    for (int64_t i = 0; i < width; ++i) total[i] += acc[i];
+  }
+  return total;
+}
+
+// acc[c] += term(r, c) over rows [r0, r1), four rows at a time so that acc is read and
+// written once per four rows (the loads and stores of acc, not the arithmetic, bound a
+// row-at-a-time loop).
+template <class Term>
+void add_rows(int64_t r0, int64_t r1, int64_t channels, double* __restrict acc, Term term) {
+  int64_t r = r0;
+  for (; r + 4 <= r1; r += 4)
+    for (int64_t c = 0; c < channels; ++c)
+      acc[c] += (term(r, c) + term(r + 1, c)) + (term(r + 2, c) + term(r + 3, c));
+  for (; r < r1; ++r)
+    for (int64_t c = 0; c < channels; ++c) acc[c] += term(r, c);
+}
+
+// channel_moments of a channels_last x, seen as [rows, C].
+void channel_moments_nhwc(const Tensor& x, const ChannelLayout& s, std::vector<double>& mean,
+                          std::vector<double>& var) {
+  const int64_t count = s.rows(), channels = s.c;
+  visit_floating(x.dtype(), "batch_norm", [&]<class T>() {
+    const T* __restrict xs = x.data_ptr<T>();
+    mean = row_block_sums(count, channels, 1, [xs, channels](int64_t r0, int64_t r1, double* acc) {
+      add_rows(r0, r1, channels, acc,
+               [xs, channels](int64_t r, int64_t c) { return to_double(xs[r * channels + c]); });
+    });
+    for (double& m : mean) m /= static_cast<double>(count);
+    const double* __restrict m = mean.data();
+    var =
+        row_block_sums(count, channels, 1, [xs, m, channels](int64_t r0, int64_t r1, double* acc) {
+          add_rows(r0, r1, channels, acc, [xs, m, channels](int64_t r, int64_t c) {
+            const double d = to_double(xs[r * channels + c]) - m[c];
+            return d * d;
+          });
+        });
+    for (double& v : var) v /= static_cast<double>(count);
+  });
+}
+
+// Per channel of x (contiguous in its layout): the mean and the biased variance, in f64.
+// Each channel (NCHW) or block of rows (NHWC) is summed in a fixed order, so the result
+// does not depend on the thread count: batch_norm and batch_norm_stats_update agree bit for
+// bit.
 void channel_moments(const Tensor& x, const ChannelLayout& s, std::vector<double>& mean,
                      std::vector<double>& var) {
+  if (s.channels_last) return channel_moments_nhwc(x, s, mean, var);
   mean.assign(static_cast<size_t>(s.c), 0.0);
   var.assign(static_cast<size_t>(s.c), 0.0);
   const int64_t count = s.n * s.l;
@@ -130,8 +214,9 @@ void batch_norm(Span in, Span out, const Attrs& attrs) {
   const bool training = attrs.b("training");
   const double momentum = momentum_of(attrs);
   const double eps = attrs.has("eps") ? attrs.f("eps") : 1e-5;
-  const Tensor x = in[0].contiguous();
-  const ChannelLayout s = channel_layout(x);
+  const MemoryFormat format = in[0].suggest_memory_format();
+  const Tensor x = in[0].contiguous(format);
+  const ChannelLayout s = channel_layout(x, format);
   const bool has_running = in[3].defined();
   const std::vector<double> weight = read_values(in[1], s.c, 1.0),
                             bias = read_values(in[2], s.c, 0.0);
@@ -150,19 +235,38 @@ void batch_norm(Span in, Span out, const Attrs& attrs) {
   }
   visit_floating(x.dtype(), "batch_norm", [&]<class T>() {
     using C = compute_t<T>;
+    // y = x * scale + shift per channel.
+    std::vector<C> scale(static_cast<size_t>(s.c)), shift(static_cast<size_t>(s.c));
+    for (int64_t c = 0; c < s.c; ++c) {
+      scale[c] = static_cast<C>(invstd[c] * weight[c]);
+      shift[c] = static_cast<C>(bias[c] - mean[c] * invstd[c] * weight[c]);
+    }
     const T* xs = x.data_ptr<T>();
-    T* ys = out[0].data_ptr<T>();
-    parallel_for(s.c, grain_for(count), [&](int64_t b, int64_t e) {
-      for (int64_t c = b; c < e; ++c) {
-        const C scale = static_cast<C>(invstd[c] * weight[c]);
-        const C shift = static_cast<C>(bias[c] - mean[c] * invstd[c] * weight[c]);
-        for (int64_t n = 0; n < s.n; ++n) {
-          const T* p = xs + (n * s.c + c) * s.l;
-          T* q = ys + (n * s.c + c) * s.l;
-          for (int64_t i = 0; i < s.l; ++i)
-            q[i] = static_cast<T>(static_cast<C>(p[i]) * scale + shift);
-        }
+    into_layout(out[0], x.dtype(), format, [&](const Tensor& y) {
+      T* ys = y.data_ptr<T>();
+      if (s.channels_last) {
+        const C* sc = scale.data();
+        const C* sh = shift.data();
+        parallel_for(s.rows(), grain_for(s.c), [&](int64_t b, int64_t e) {
+          for (int64_t r = b; r < e; ++r) {
+            const T* p = xs + r * s.c;
+            T* q = ys + r * s.c;
+            for (int64_t c = 0; c < s.c; ++c)
+              q[c] = static_cast<T>(static_cast<C>(p[c]) * sc[c] + sh[c]);
+          }
+        });
+        return;
       }
+      parallel_for(s.c, grain_for(count), [&](int64_t b, int64_t e) {
+        for (int64_t c = b; c < e; ++c) {
+          const C sc = scale[c], sh = shift[c];
+          for (int64_t n = 0; n < s.n; ++n) {
+            const T* p = xs + (n * s.c + c) * s.l;
+            T* q = ys + (n * s.c + c) * s.l;
+            for (int64_t i = 0; i < s.l; ++i) q[i] = static_cast<T>(static_cast<C>(p[i]) * sc + sh);
+          }
+        }
+      });
     });
   });
   write_values(out[1], mean);
@@ -173,59 +277,160 @@ void batch_norm(Span in, Span out, const Attrs& attrs) {
 // from the input exactly as batch_norm computes them, so the new values are bit for bit
 // what batch_norm would have written in place.
 void batch_norm_stats_update(Span in, Span out, const Attrs& attrs) {
-  const Tensor x = in[0].contiguous();
-  const ChannelLayout s = channel_layout(x);
+  const MemoryFormat format = in[0].suggest_memory_format();
+  const Tensor x = in[0].contiguous(format);
+  const ChannelLayout s = channel_layout(x, format);
   std::vector<double> mean, var;
   channel_moments(x, s, mean, var);
   update_running_stats(in[1], in[2], out[0], out[1], mean, var, s.n * s.l, momentum_of(attrs));
 }
 
+// The per-channel factors of batch_norm's input gradient, dx = (dy - mean_dy - (x - mean) k)
+// scale, from the sums of dy and dy (x - mean): with batch statistics, which depend on x, all
+// three terms; with running statistics, only the first remains.
+struct GradFactors {
+  std::vector<double> mean_dy, k, scale;
+};
+GradFactors grad_factors(const std::vector<double>& sum_dy, const std::vector<double>& sum_dy_xmu,
+                         const std::vector<double>& weight, const std::vector<double>& invstd,
+                         int64_t count, bool training) {
+  const size_t channels = sum_dy.size();
+  GradFactors f{std::vector<double>(channels, 0.0), std::vector<double>(channels, 0.0),
+                std::vector<double>(channels)};
+  for (size_t c = 0; c < channels; ++c) {
+    if (training) {
+      f.k[c] = sum_dy_xmu[c] * invstd[c] * invstd[c] / static_cast<double>(count);
+      f.mean_dy[c] = sum_dy[c] / static_cast<double>(count);
+    }
+    f.scale[c] = weight[c] * invstd[c];
+  }
+  return f;
+}
+
+// batch_norm_backward over NHWC x and grad seen as [rows, C]: the sums in row blocks, then dx
+// row by row with per-channel vectors.
+template <class T>
+void batch_norm_backward_nhwc(const T* xs, const T* gs, T* dxs, const ChannelLayout& s,
+                              const std::vector<double>& weight, const std::vector<double>& mean,
+                              const std::vector<double>& invstd, bool training,
+                              std::vector<double>& grad_weight, std::vector<double>& grad_bias) {
+  using C = compute_t<T>;
+  const int64_t channels = s.c, rows = s.rows();
+  const double* m = mean.data();
+  // acc[c]: the sum of dy; acc[C + c]: the sum of dy (x - mean). One pass over rows of x
+  // and dy, four rows at a time (as add_rows).
+  const std::vector<double> sums =
+      row_block_sums(rows, channels, 2, [&](int64_t r0, int64_t r1, double* acc) {
+        double* __restrict sum_dy = acc;
+        double* __restrict sum_dy_xmu = acc + channels;
+        auto dy = [gs, channels](int64_t r, int64_t c) { return to_double(gs[r * channels + c]); };
+        auto dy_xmu = [xs, gs, m, channels](int64_t r, int64_t c) {
+          const int64_t i = r * channels + c;
+          return to_double(gs[i]) * (to_double(xs[i]) - m[c]);
+        };
+        int64_t r = r0;
+        for (; r + 4 <= r1; r += 4) {
+          for (int64_t c = 0; c < channels; ++c) {
+            sum_dy[c] += (dy(r, c) + dy(r + 1, c)) + (dy(r + 2, c) + dy(r + 3, c));
+            sum_dy_xmu[c] +=
+                (dy_xmu(r, c) + dy_xmu(r + 1, c)) + (dy_xmu(r + 2, c) + dy_xmu(r + 3, c));
+          }
+        }
+        for (; r < r1; ++r) {
+          for (int64_t c = 0; c < channels; ++c) {
+            sum_dy[c] += dy(r, c);
+            sum_dy_xmu[c] += dy_xmu(r, c);
+          }
+        }
+      });
+  const std::vector<double> sum_dy(sums.begin(), sums.begin() + channels);
+  const std::vector<double> sum_dy_xmu(sums.begin() + channels, sums.end());
+  for (int64_t c = 0; c < channels; ++c) {
+    grad_bias[c] = sum_dy[c];
+    grad_weight[c] = sum_dy_xmu[c] * invstd[c];
+  }
+  const GradFactors f = grad_factors(sum_dy, sum_dy_xmu, weight, invstd, rows, training);
+  std::vector<C> mc(static_cast<size_t>(channels)), dc(mc), kc(mc), sc(mc);
+  for (int64_t c = 0; c < channels; ++c) {
+    mc[c] = static_cast<C>(mean[c]);
+    dc[c] = static_cast<C>(f.mean_dy[c]);
+    kc[c] = static_cast<C>(f.k[c]);
+    sc[c] = static_cast<C>(f.scale[c]);
+  }
+  const C *mp = mc.data(), *dp = dc.data(), *kp = kc.data(), *sp = sc.data();
+  parallel_for(rows, grain_for(channels), [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      const T* xp = xs + r * channels;
+      const T* gp = gs + r * channels;
+      T* out = dxs + r * channels;
+      for (int64_t c = 0; c < channels; ++c) {
+        const C dy = static_cast<C>(gp[c]), xmu = static_cast<C>(xp[c]) - mp[c];
+        out[c] = static_cast<T>((dy - dp[c] - xmu * kp[c]) * sp[c]);
+      }
+    }
+  });
+}
+
+// batch_norm_backward over NCHW x and grad seen as [N, C, L]: one thread per channel.
+template <class T>
+void batch_norm_backward_nchw(const T* xs, const T* gs, T* dxs, const ChannelLayout& s,
+                              const std::vector<double>& weight, const std::vector<double>& mean,
+                              const std::vector<double>& invstd, bool training,
+                              std::vector<double>& grad_weight, std::vector<double>& grad_bias) {
+  using C = compute_t<T>;
+  const int64_t count = s.n * s.l;
+  parallel_for(s.c, grain_for(count), [&](int64_t b, int64_t e) {
+    for (int64_t c = b; c < e; ++c) {
+      const double m = mean[c];
+      double sum_dy = 0, sum_dy_xmu = 0;
+      for (int64_t n = 0; n < s.n; ++n) {
+        const T* xp = xs + (n * s.c + c) * s.l;
+        const T* gp = gs + (n * s.c + c) * s.l;
+        sum_dy += accumulate(s.l, [gp](int64_t i) { return to_double(gp[i]); });
+        sum_dy_xmu += accumulate(
+            s.l, [xp, gp, m](int64_t i) { return to_double(gp[i]) * (to_double(xp[i]) - m); });
+      }
+      grad_bias[c] = sum_dy;
+      grad_weight[c] = sum_dy_xmu * invstd[c];
+      // The factors grad_factors gives, one channel at a time.
+      const double k =
+          training ? sum_dy_xmu * invstd[c] * invstd[c] / static_cast<double>(count) : 0.0;
+      const double mean_dy = training ? sum_dy / static_cast<double>(count) : 0.0;
+      const C scale = static_cast<C>(weight[c] * invstd[c]);
+      const C kc = static_cast<C>(k), mc = static_cast<C>(m), dc = static_cast<C>(mean_dy);
+      for (int64_t n = 0; n < s.n; ++n) {
+        const T* xp = xs + (n * s.c + c) * s.l;
+        const T* gp = gs + (n * s.c + c) * s.l;
+        T* dp = dxs + (n * s.c + c) * s.l;
+        for (int64_t i = 0; i < s.l; ++i) {
+          const C dy = static_cast<C>(gp[i]), xmu = static_cast<C>(xp[i]) - mc;
+          dp[i] = static_cast<T>((dy - dc - xmu * kc) * scale);
+        }
+      }
+    }
+  });
+}
+
 void batch_norm_backward(Span in, Span out, const Attrs& attrs) {
   const bool training = attrs.b("training");
-  const Tensor x = in[1].contiguous();
-  const Tensor grad = as_dtype(in[0], x.dtype()).contiguous();
-  const ChannelLayout s = channel_layout(x);
+  // The shape rule's layout of grad_input: the input's, or grad_out's when the input is
+  // contiguous.
+  const MemoryFormat format = in[1].suggest_memory_format() == MemoryFormat::channels_last
+                                  ? MemoryFormat::channels_last
+                                  : in[0].suggest_memory_format();
+  const Tensor x = in[1].contiguous(format);
+  const Tensor grad = as_dtype(in[0], x.dtype()).contiguous(format);
+  const ChannelLayout s = channel_layout(x, format);
   const std::vector<double> weight = read_values(in[2], s.c, 1.0);
   const std::vector<double> mean = read_values(in[3], s.c, 0.0);
   const std::vector<double> invstd = read_values(in[4], s.c, 0.0);
   std::vector<double> grad_weight(static_cast<size_t>(s.c)), grad_bias(static_cast<size_t>(s.c));
-  const int64_t count = s.n * s.l;
 
   visit_floating(x.dtype(), "batch_norm_backward", [&]<class T>() {
-    using C = compute_t<T>;
-    const T* xs = x.data_ptr<T>();
-    const T* gs = grad.data_ptr<T>();
-    T* dxs = out[0].data_ptr<T>();
-    parallel_for(s.c, grain_for(count), [&](int64_t b, int64_t e) {
-      for (int64_t c = b; c < e; ++c) {
-        const double m = mean[c];
-        double sum_dy = 0, sum_dy_xmu = 0;
-        for (int64_t n = 0; n < s.n; ++n) {
-          const T* xp = xs + (n * s.c + c) * s.l;
-          const T* gp = gs + (n * s.c + c) * s.l;
-          sum_dy += accumulate(s.l, [gp](int64_t i) { return to_double(gp[i]); });
-          sum_dy_xmu += accumulate(
-              s.l, [xp, gp, m](int64_t i) { return to_double(gp[i]) * (to_double(xp[i]) - m); });
-        }
-        grad_bias[c] = sum_dy;
-        grad_weight[c] = sum_dy_xmu * invstd[c];
-        // dx = w invstd (dy - mean(dy) - xhat mean(dy xhat)) with batch statistics, which
-        // depend on x; with running statistics, only the first term remains.
-        const double k =
-            training ? sum_dy_xmu * invstd[c] * invstd[c] / static_cast<double>(count) : 0.0;
-        const double mean_dy = training ? sum_dy / static_cast<double>(count) : 0.0;
-        const C scale = static_cast<C>(weight[c] * invstd[c]);
-        const C kc = static_cast<C>(k), mc = static_cast<C>(m), dc = static_cast<C>(mean_dy);
-        for (int64_t n = 0; n < s.n; ++n) {
-          const T* xp = xs + (n * s.c + c) * s.l;
-          const T* gp = gs + (n * s.c + c) * s.l;
-          T* dp = dxs + (n * s.c + c) * s.l;
-          for (int64_t i = 0; i < s.l; ++i) {
-            const C dy = static_cast<C>(gp[i]), xmu = static_cast<C>(xp[i]) - mc;
-            dp[i] = static_cast<T>((dy - dc - xmu * kc) * scale);
-          }
-        }
-      }
+    into_layout(out[0], x.dtype(), format, [&](const Tensor& dx) {
+      const auto run = s.channels_last ? batch_norm_backward_nhwc<T> : batch_norm_backward_nchw<T>;
+      run(x.data_ptr<T>(), grad.data_ptr<T>(), dx.data_ptr<T>(), s, weight, mean, invstd, training,
+          grad_weight, grad_bias);
     });
   });
   write_values(out[1], grad_weight);

@@ -5,6 +5,9 @@
 //
 // Semantics follow kernels/cpu/norm.cpp:
 // - an [N, C, ...] input is seen as [N, C, L, 1] (contiguous), so any rank from 2 up works;
+//   a channels_last input is copied to NCHW, and outputs that are not contiguous (a
+//   channels_last output, which the shape rules give for such an input) are written through
+//   a contiguous buffer copied into them (OutBuffer, copy_);
 // - everything is computed in the statistics dtype (f32, or f64 for f64 inputs): 16-bit
 //   inputs are converted to f32 first (cuDNN keeps its parameters in f32 for them anyway),
 //   and results are converted back into the outputs' dtypes;

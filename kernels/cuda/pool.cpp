@@ -1,6 +1,9 @@
 // CUDA kernels of the pooling ops, with kernels/cpu/pool.cpp's semantics. Every op works on
 // contiguous H*W planes (a CHW input is one image); 16-bit inputs are computed in f32 and
-// rounded once into the output, as on the CPU.
+// rounded once into the output, as on the CPU. A channels_last input is copied to NCHW, and
+// an output that is not contiguous (channels_last by the shape rules for such an input, or
+// for a backward op's channels_last grad_out or attribute) is written through a contiguous
+// buffer copied into it.
 //
 // - max_pool2d must give the flat index of each maximum (the op's second output), which
 //   cuDNN's pooling does not give, and must let NaN win and keep the first maximum on ties:
