@@ -624,19 +624,6 @@ bool use_nhwc(const Tensor& activation, const Conv2dGeometry& g) {
          g.batch > 0 && g.in_channels > 0 && g.out_channels > 0 && g.out_h > 0 && g.out_w > 0;
 }
 
-// Runs body(dst) with dst laid out as `format` in dtype `compute`: `out` itself when it
-// is, else a temporary then copied (and converted) into `out`.
-template <class Body>
-void into_layout(const Tensor& out, MemoryFormat format, DType compute, Body&& body) {
-  if (out.dtype() == compute && out.is_contiguous(format)) {
-    body(out);
-    return;
-  }
-  Tensor tmp = make_tensor(out.shape(), compute, out.device(), format);
-  body(tmp);
-  Tensor(out).copy_(tmp);
-}
-
 // t in dtype c laid out channels_last (t itself when it already is).
 Tensor dense_nhwc(const Tensor& t, DType c) {
   return as_dtype(t, c).contiguous(MemoryFormat::channels_last);
@@ -701,7 +688,7 @@ void conv2d_kernel(Span in, Span out, const Attrs& attrs) {
     const bool w_nhwc = in[1].is_contiguous(MemoryFormat::channels_last);
     const ColumnOrder order = column_order(g, w_nhwc);
     const Tensor x = dense_nhwc(in[0], c), w = w_nhwc ? dense_nhwc(in[1], c) : dense(in[1], c);
-    into_layout(out[0], MemoryFormat::channels_last, c, [&](const Tensor& o) {
+    into_layout(out[0], c, MemoryFormat::channels_last, [&](const Tensor& o) {
       visit_conv_type(c, [&]<class T>() {
         const WeightMatrix<T> wm(w, w_nhwc, g, order);
         nhwc_forward<T>(x.data_ptr<T>(), wm.data, has_bias ? bias.data_ptr<T>() : nullptr,
@@ -727,7 +714,7 @@ void conv2d_backward_input_kernel(Span in, Span out, const Attrs& attrs) {
     const bool w_nhwc = in[1].is_contiguous(MemoryFormat::channels_last);
     const ColumnOrder order = column_order(g, w_nhwc);
     const Tensor grad = dense_nhwc(in[0], c), w = w_nhwc ? dense_nhwc(in[1], c) : dense(in[1], c);
-    into_layout(out[0], MemoryFormat::channels_last, c, [&](const Tensor& o) {
+    into_layout(out[0], c, MemoryFormat::channels_last, [&](const Tensor& o) {
       visit_conv_type(c, [&]<class T>() {
         const WeightMatrix<T> wm(w, w_nhwc, g, order);
         nhwc_backward_input<T>(grad.data_ptr<T>(), wm.data, o.data_ptr<T>(), g, order);
@@ -753,7 +740,7 @@ void conv2d_backward_weight_kernel(Span in, Span out, const Attrs& attrs) {
     const MemoryFormat out_format = out[0].suggest_memory_format();
     const ColumnOrder order = column_order(g, out_format == MemoryFormat::channels_last);
     const Tensor grad = dense_nhwc(in[0], c), x = dense_nhwc(in[1], c);
-    into_layout(out[0], out_format, c, [&](const Tensor& o) {
+    into_layout(out[0], c, out_format, [&](const Tensor& o) {
       visit_conv_type(c, [&]<class T>() {
         const bool reorder =
             order == ColumnOrder::taps_outer && !o.is_contiguous(MemoryFormat::channels_last);

@@ -31,6 +31,20 @@ void into(const Tensor& out, DType compute, Body&& body) {
   Tensor(out).copy_(tmp);
 }
 
+// into_contiguous for a layout: body(dst) with dst of dtype `compute`, dense in `format`:
+// `out` itself when it is one, else a temporary then copied (and converted) into `out`,
+// whatever its strides.
+template <class Body>
+void into_layout(const Tensor& out, DType compute, MemoryFormat format, Body&& body) {
+  if (out.dtype() == compute && out.is_contiguous(format)) {
+    body(out);
+    return;
+  }
+  Tensor tmp = make_tensor(out.shape(), compute, out.device(), format);
+  body(tmp);
+  Tensor(out).copy_(tmp);
+}
+
 // Runs body(dst) with dst contiguous of dtype `compute`: `out` itself when it is, else a
 // temporary then copied (and converted) into `out`.
 template <class Body>

@@ -60,19 +60,6 @@ Tensor in_compute_dtype(const Tensor& t, DType input) {
   return as_dtype(t, input == DType::f64 ? DType::f64 : DType::f32).contiguous();
 }
 
-// Runs body(dst) with dst of dtype `dtype`, dense in `format`: `out` itself when it is one,
-// else a temporary then copied (and converted) into `out`, whatever its strides.
-template <class Body>
-void into_layout(const Tensor& out, DType dtype, MemoryFormat format, Body&& body) {
-  if (out.dtype() == dtype && out.is_contiguous(format)) {
-    body(out);
-    return;
-  }
-  Tensor tmp = make_tensor(out.shape(), dtype, out.device(), format);
-  body(tmp);
-  Tensor(out).copy_(tmp);
-}
-
 struct ChannelLayout {
   int64_t n, c, l;  // input viewed as [N, C, L]; channels_last: [N * L, C]
   bool channels_last = false;

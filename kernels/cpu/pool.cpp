@@ -32,19 +32,6 @@ void visit_accumulate(DType c, F&& f) {
     f.template operator()<float>();
 }
 
-// Runs body(dst) with dst of dtype `dtype`, dense in `format`: `out` itself when it is one,
-// else a temporary then copied (and converted) into `out`, whatever its strides.
-template <class Body>
-void into_layout(const Tensor& out, DType dtype, MemoryFormat format, Body&& body) {
-  if (out.dtype() == dtype && out.is_contiguous(format)) {
-    body(out);
-    return;
-  }
-  Tensor tmp = make_tensor(out.shape(), dtype, out.device(), format);
-  body(tmp);
-  Tensor(out).copy_(tmp);
-}
-
 // The layout a backward op's grad_input has by its shape rule: channels_last when grad_out
 // is or the `channels_last` attribute asks for it.
 MemoryFormat backward_format(const Tensor& grad, const Attrs& attrs) {
