@@ -209,6 +209,15 @@ else
   # shellcheck disable=SC2086
   NOT_AVAILABLE_PATTERN='not available yet' run_step bench-kiln 150 - "$BUILD/bin/kiln-bench" train $KILN_BENCH_ARGS
   collect_bench kiln
+  # The same step channels-last: eager on NHWC batches and the compiled modes with the layout
+  # pass on (on CUDA its automatic policy keeps NCHW until batch norm and pooling have NHWC
+  # kernels there; this measures whether it should). GPU_CHECK_SKIP_NHWC=1 leaves it out.
+  if [ "${GPU_CHECK_SKIP_NHWC:-0}" != 1 ]; then
+    # shellcheck disable=SC2086
+    NOT_AVAILABLE_PATTERN='not available yet' run_step bench-kiln-nhwc 150 - "$BUILD/bin/kiln-bench" train \
+      $KILN_BENCH_ARGS --steps 5 --warmup 2 --channels-last --layout channels_last
+    collect_bench kiln
+  fi
   # Where the eager step's time goes (one step synchronized after every op; stderr table).
   run_step bench-kiln-profile 60 - "$BUILD/bin/kiln-bench" train --arch resnet50 --batch 128 --image-size 224 \
     --steps 2 --warmup 2 --device cuda --profile

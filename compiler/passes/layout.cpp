@@ -7,7 +7,8 @@
 // activation's). So the layout spreads forward through the region by itself, and the clones
 // are left only where a value enters it: the image, once (hash-consing shares the clone of a
 // value read by several convolutions). Pooling gradients read no activation, so they are
-// told ({channels_last=true}) to keep the region's layout. Outputs and write-backs are copied
+// told ({channels_last=true}) to keep the region's layout. A view of a region value reads
+// a contiguous copy (a view may need the strides eager code had). Outputs and write-backs are copied
 // back to the layout they had (the Rewriter does this when layouts may change), so callers
 // see what eager code gives them.
 #include <algorithm>
@@ -57,6 +58,17 @@ std::vector<Rule> layout_rules() {
                      Attrs attrs = c.attrs;
                      attrs.set("channels_last", true);
                      return rw.add_op(c.op(), c.inputs, std::move(attrs), c.source);
+                   }});
+  // A view is index arithmetic on its input's strides, and some (view, flatten) need the
+  // contiguous ones: a view of a region value reads a contiguous copy, where eager code's
+  // NCHW value was (SmallCNN's flatten before its classifier).
+  rules.push_back({"contiguous_before_view", {}, [](Rewriter& rw, const Candidate& c) -> Replacement {
+                     if (c.def.kind != OpKind::view || c.inputs.empty() || !c.inputs[0].defined() ||
+                         rw.type(c.inputs[0]).layout != Layout::channels_last)
+                       return std::nullopt;
+                     Values inputs = c.inputs;
+                     inputs[0] = rw.add_op1("clone", {inputs[0]}, {}, "layout");
+                     return rw.add_op(c.op(), std::move(inputs), c.attrs, c.source);
                    }});
   return rules;
 }

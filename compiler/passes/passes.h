@@ -56,8 +56,9 @@ const char* layout_policy_name(LayoutPolicy policy);  // "auto", "keep", "channe
 // the graph, every convolution (groups == 1) reads its activations channels_last, through a
 // clone {channels_last=true} where a value is not yet, and the other ops take the layout
 // their shape rules give (elementwise, batch norm and pooling keep it), so the region runs
-// NHWC; pooling gradients are told to keep it; outputs and write-backs are copied back to
-// their layout. Logs one line per node it changed.
+// NHWC; pooling gradients are told to keep it; view ops read region values through a
+// contiguous copy; outputs and write-backs are copied back to their layout. Logs one line
+// per node it changed.
 Graph choose_layout(const Graph& graph, LayoutPolicy policy, RewriteLog* log = nullptr);
 // choose_layout with LayoutPolicy::channels_last (the pass tests' entry).
 Graph channels_last(const Graph& graph, RewriteLog* log = nullptr);
