@@ -4,31 +4,12 @@
 // Shapes include one with several row blocks (the NHWC statistics sum in blocks) and
 // odd channel counts.
 #include "core/ops/norm.h"
-#include "testing.h"
+#include "channels_last_testing.h"
 
 using namespace kiln;
 using namespace kiln::testing;
 
 namespace {
-
-constexpr MemoryFormat kNhwc = MemoryFormat::channels_last;
-
-Tensor random_of(const Shape& shape, DType dtype, uint64_t seed) {
-  Generator gen(seed);
-  return randn(shape, {.dtype = dtype}, &gen);
-}
-
-// A channels_last copy of t, checked to be one.
-Tensor nhwc(const Tensor& t) {
-  Tensor c = t.contiguous(kNhwc);
-  REQUIRE(c.suggest_memory_format() == kNhwc);
-  return c;
-}
-
-bool is_nhwc(const Tensor& t) { return t.suggest_memory_format() == kNhwc; }
-
-#define CHECK_SAME_VALUES(actual, expected, dtype) \
-  KILN_CHECK_CLOSE(actual, expected, tol(dtype), tol(dtype))
 
 // Per-channel parameters: weight around 1, bias around 0, a positive running variance.
 struct Params {

@@ -7,30 +7,12 @@
 #include "core/ops/norm.h"
 #include "core/ops/pool.h"
 #include "core/registry.h"
-#include "testing.h"
+#include "channels_last_testing.h"
 
 using namespace kiln;
 using namespace kiln::testing;
 
 namespace {
-
-constexpr MemoryFormat kNhwc = MemoryFormat::channels_last;
-
-Tensor random_of(const Shape& shape, DType dtype, uint64_t seed) {
-  Generator gen(seed);
-  return randn(shape, {.dtype = dtype}, &gen);
-}
-
-Tensor nhwc(const Tensor& t) {
-  Tensor c = t.contiguous(kNhwc);
-  REQUIRE(c.suggest_memory_format() == kNhwc);
-  return c;
-}
-
-bool is_nhwc(const Tensor& t) { return t.suggest_memory_format() == kNhwc; }
-
-#define CHECK_SAME_VALUES(actual, expected, dtype) \
-  KILN_CHECK_CLOSE(actual, expected, tol(dtype), tol(dtype))
 
 // A pooling window: kernel, stride, padding.
 struct Window {
