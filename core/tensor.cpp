@@ -77,6 +77,10 @@ Shape strides_for(const Shape& shape, MemoryFormat format) {
   return {h * w * c, 1, w * c, c};
 }
 
+bool channels_last_differs(const Shape& shape) {
+  return shape.size() == 4 && shape[1] != 1 && shape[2] * shape[3] != 1;
+}
+
 void* Tensor::data_ptr() const {
   const TensorImpl& t = get();
   return static_cast<char*>(t.storage->data) + t.offset * itemsize();

@@ -31,6 +31,10 @@ enum class MemoryFormat : uint8_t { contiguous, channels_last };
 const char* memory_format_name(MemoryFormat f);  // "contiguous", "channels_last"
 // The strides of a tensor of `shape` (4-d for channels_last) laid out in `format`.
 Shape strides_for(const Shape& shape, MemoryFormat format);
+// Whether channels_last lays out a tensor of `shape` differently from contiguous: 4-d with
+// more than one channel and more than one pixel (else both are the same memory, and such a
+// tensor counts as contiguous).
+bool channels_last_differs(const Shape& shape);
 
 struct AutogradMeta;  // defined by autograd/
 class Node;           // a backward-graph node, defined by autograd/

@@ -43,56 +43,30 @@ std::vector<Tensor> conv2d_backward(const BackwardContext& c) {
 
 std::vector<int64_t> pair(const int64_t (&v)[2]) { return {v[0], v[1]}; }
 
-// The pool backward ops have no input tensor to take a layout from, and a [N, C, 1, 1]
-// grad_out (a global average pool's) counts as contiguous: a channels_last forward input
-// asks for a channels_last grad_input through their optional `channels_last` attribute.
-bool forward_input_channels_last(const BackwardContext& c) {
-  return c.input_metas[0].memory_format == MemoryFormat::channels_last;
-}
-
-// Runs backward op `op` with `attrs` (what its public function would pass) plus
-// channels_last=true: the attribute is left out for contiguous inputs, whose graphs stay
-// as they were.
-Tensor channels_last_backward(const char* op, std::vector<Tensor> inputs, Attrs attrs) {
-  attrs.set("channels_last", true);
-  return call_op1(find_op(op), std::move(inputs), attrs);
-}
-
 // max_pool2d -> (values, indices): grad_out of the values goes back to where each maximum
 // came from; the i64 indices carry no gradient.
 std::vector<Tensor> max_pool2d_backward_formula(const BackwardContext& c) {
   const Tensor& g = c.grad(0);
   if (!g.defined() || !c.needs(0)) return {Tensor()};
-  const Shape& size = c.input_metas[0].shape;
-  if (forward_input_channels_last(c))
-    return {
-        channels_last_backward("max_pool2d_backward", {g, c.output(1)}, {{"input_size", size}})};
-  return {max_pool2d_backward(g, c.output(1), size)};
+  // The pooling gradients take the forward input's layout (core/ops/pool.h).
+  return {max_pool2d_backward(g, c.output(1), c.input_metas[0].shape, c.input_metas[0].memory_format)};
 }
 
 std::vector<Tensor> avg_pool2d_backward_formula(const BackwardContext& c) {
   const Tensor& g = c.grad();
   if (!g.defined() || !c.needs(0)) return {Tensor()};
-  if (forward_input_channels_last(c)) {
-    // The forward attributes are the window avg_pool2d_backward takes.
-    Attrs attrs = c.attrs;
-    attrs.set("input_size", c.input_metas[0].shape);
-    return {channels_last_backward("avg_pool2d_backward", {g}, std::move(attrs))};
-  }
   const Pool2dParams p = pool2d_params(c.attrs, "avg_pool2d");
   const std::optional<int64_t> divisor =
       p.divisor != 0 ? std::optional<int64_t>(p.divisor) : std::nullopt;
   return {avg_pool2d_backward(g, c.input_metas[0].shape, pair(p.kernel), pair(p.stride),
-                              pair(p.padding), p.ceil_mode, p.count_include_pad, divisor)};
+                              pair(p.padding), p.ceil_mode, p.count_include_pad, divisor,
+                              c.input_metas[0].memory_format)};
 }
 
 std::vector<Tensor> adaptive_avg_pool2d_backward_formula(const BackwardContext& c) {
   const Tensor& g = c.grad();
   if (!g.defined() || !c.needs(0)) return {Tensor()};
-  const Shape& size = c.input_metas[0].shape;
-  if (forward_input_channels_last(c))
-    return {channels_last_backward("adaptive_avg_pool2d_backward", {g}, {{"input_size", size}})};
-  return {adaptive_avg_pool2d_backward(g, size)};
+  return {adaptive_avg_pool2d_backward(g, c.input_metas[0].shape, c.input_metas[0].memory_format)};
 }
 
 // ---- normalization ----

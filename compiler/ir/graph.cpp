@@ -11,12 +11,6 @@ namespace kiln::compiler {
 
 namespace {
 
-// Whether a channels_last tensor of `shape` is laid out differently from a contiguous one
-// (not so when C is 1 or the plane has one pixel): only then is the layout worth a type.
-bool distinct_channels_last(const Shape& shape) {
-  return shape.size() == 4 && shape[1] != 1 && shape[2] * shape[3] != 1;
-}
-
 std::string double_text(double d) {
   if (std::isnan(d)) return "nan";
   if (std::isinf(d)) return d > 0 ? "inf" : "-inf";
@@ -54,7 +48,8 @@ TensorType TensorType::of(const Tensor& t) {
 
 TensorType TensorType::of(const TensorMeta& m) {
   if (!m.defined) return TensorType{.defined = false};
-  const bool channels_last = m.memory_format == MemoryFormat::channels_last && distinct_channels_last(m.shape);
+  // Where both layouts are the same memory the type says contiguous, as eager tensors do.
+  const bool channels_last = m.memory_format == MemoryFormat::channels_last && channels_last_differs(m.shape);
   return TensorType{.dtype = m.dtype,
                     .shape = m.shape,
                     .device = m.device,

@@ -7,10 +7,10 @@
 // activation's). So the layout spreads forward through the region by itself, and the clones
 // are left only where a value enters it: the image, once (hash-consing shares the clone of a
 // value read by several convolutions). Pooling gradients read no activation, so they are
-// told ({channels_last=true}) to keep the region's layout. A view of a region value reads
-// a contiguous copy (a view may need the strides eager code had). Outputs and write-backs are copied
-// back to the layout they had (the Rewriter does this when layouts may change), so callers
-// see what eager code gives them.
+// told ({channels_last=true}) to keep the region's layout. A view of a region value reads a
+// contiguous copy (a view may need the strides eager code had). Outputs and write-backs are
+// copied back to the layout they had (the Rewriter does this when layouts may change), so
+// callers see what eager code gives them.
 #include <algorithm>
 
 #include "compiler/passes/passes.h"
@@ -18,13 +18,12 @@
 namespace kiln::compiler {
 namespace {
 
-// Whether v is worth converting: a 4-d value whose channels_last layout differs from the
-// contiguous one, not channels_last yet.
+// Whether v is worth converting: a floating value not channels_last yet whose
+// channels_last layout differs from the contiguous one.
 bool convertible(const Rewriter& rw, Value v) {
   if (!v.defined()) return false;
   const TensorType& t = rw.type(v);
-  return t.shape.size() == 4 && t.layout == Layout::contiguous && t.shape[1] != 1 && t.shape[2] * t.shape[3] != 1 &&
-         is_floating(t.dtype);
+  return t.layout == Layout::contiguous && channels_last_differs(t.shape) && is_floating(t.dtype);
 }
 
 // The inputs of each convolution op that it reads as activations (N, C, H, W).
@@ -34,7 +33,7 @@ std::vector<size_t> activation_inputs(const std::string& op) {
   return {};
 }
 
-std::vector<Rule> layout_rules() {
+std::vector<Rule> make_layout_rules() {
   std::vector<Rule> rules;
   rules.push_back({"nhwc_convolution", {"conv2d", "conv2d_backward_input", "conv2d_backward_weight"},
                    [](Rewriter& rw, const Candidate& c) -> Replacement {
@@ -52,9 +51,7 @@ std::vector<Rule> layout_rules() {
   rules.push_back({"nhwc_pool_backward", {"max_pool2d_backward", "avg_pool2d_backward", "adaptive_avg_pool2d_backward"},
                    [](Rewriter& rw, const Candidate& c) -> Replacement {
                      if (c.attrs.has("channels_last") && c.attrs.b("channels_last")) return std::nullopt;
-                     const TensorType& out = c.outputs.at(0);
-                     if (out.shape.size() != 4 || out.shape[1] == 1 || out.shape[2] * out.shape[3] == 1)
-                       return std::nullopt;
+                     if (!channels_last_differs(c.outputs.at(0).shape)) return std::nullopt;
                      Attrs attrs = c.attrs;
                      attrs.set("channels_last", true);
                      return rw.add_op(c.op(), c.inputs, std::move(attrs), c.source);
@@ -84,6 +81,11 @@ bool has_convolution(const Graph& graph, LayoutPolicy policy) {
 
 }  // namespace
 
+const std::vector<Rule>& layout_rules() {
+  static const std::vector<Rule> rules = make_layout_rules();
+  return rules;
+}
+
 const char* layout_policy_name(LayoutPolicy policy) {
   switch (policy) {
     case LayoutPolicy::automatic: return "auto";
@@ -95,8 +97,7 @@ const char* layout_policy_name(LayoutPolicy policy) {
 
 Graph choose_layout(const Graph& graph, LayoutPolicy policy, RewriteLog* log) {
   if (policy == LayoutPolicy::keep || !has_convolution(graph, policy)) return graph;
-  static const std::vector<Rule> rules = layout_rules();
-  Rewriter rw(graph, rules, log);
+  Rewriter rw(graph, layout_rules(), log);
   rw.allow_layout_changes();
   return rw.run();
 }

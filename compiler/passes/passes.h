@@ -62,6 +62,7 @@ const char* layout_policy_name(LayoutPolicy policy);  // "auto", "keep", "channe
 Graph choose_layout(const Graph& graph, LayoutPolicy policy, RewriteLog* log = nullptr);
 // choose_layout with LayoutPolicy::channels_last (the pass tests' entry).
 Graph channels_last(const Graph& graph, RewriteLog* log = nullptr);
+const std::vector<Rule>& layout_rules();
 
 using PassFn = std::function<Graph(const Graph&, RewriteLog*)>;
 struct NamedPass {

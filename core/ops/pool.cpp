@@ -235,8 +235,15 @@ MaxPool2dResult max_pool2d_with_indices(const Tensor& x, std::vector<int64_t> ke
   return {out[0], out[1]};
 }
 
-Tensor max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, Shape input_size) {
-  return call_op1(kMaxPool2dBackward, {grad_out, indices}, {{"input_size", std::move(input_size)}});
+// The attribute asking a pooling gradient for a channels_last layout, set only when asked,
+// so that contiguous graphs stay as they were.
+static Attrs with_format(Attrs a, MemoryFormat format) {
+  if (format == MemoryFormat::channels_last) a.set("channels_last", true);
+  return a;
+}
+
+Tensor max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, Shape input_size, MemoryFormat format) {
+  return call_op1(kMaxPool2dBackward, {grad_out, indices}, with_format({{"input_size", std::move(input_size)}}, format));
 }
 
 Tensor avg_pool2d(const Tensor& x, std::vector<int64_t> kernel_size, std::vector<int64_t> stride,
@@ -250,11 +257,11 @@ Tensor avg_pool2d(const Tensor& x, std::vector<int64_t> kernel_size, std::vector
 Tensor avg_pool2d_backward(const Tensor& grad_out, Shape input_size,
                            std::vector<int64_t> kernel_size, std::vector<int64_t> stride,
                            std::vector<int64_t> padding, bool ceil_mode, bool count_include_pad,
-                           std::optional<int64_t> divisor_override) {
+                           std::optional<int64_t> divisor_override, MemoryFormat format) {
   Attrs a = avg_attrs(std::move(kernel_size), std::move(stride), std::move(padding), ceil_mode,
                       count_include_pad, divisor_override);
   a.set("input_size", std::move(input_size));
-  return call_op1(kAvgPool2dBackward, {grad_out}, a);
+  return call_op1(kAvgPool2dBackward, {grad_out}, with_format(std::move(a), format));
 }
 
 Tensor adaptive_avg_pool2d(const Tensor& x, std::vector<int64_t> output_size) {
@@ -263,8 +270,8 @@ Tensor adaptive_avg_pool2d(const Tensor& x, std::vector<int64_t> output_size) {
   return call_op1(kAdaptiveAvgPool2d, {x}, {{"output_size", std::move(output_size)}});
 }
 
-Tensor adaptive_avg_pool2d_backward(const Tensor& grad_out, Shape input_size) {
-  return call_op1(kAdaptiveAvgPool2dBackward, {grad_out}, {{"input_size", std::move(input_size)}});
+Tensor adaptive_avg_pool2d_backward(const Tensor& grad_out, Shape input_size, MemoryFormat format) {
+  return call_op1(kAdaptiveAvgPool2dBackward, {grad_out}, with_format({{"input_size", std::move(input_size)}}, format));
 }
 
 }  // namespace kiln

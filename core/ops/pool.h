@@ -26,9 +26,14 @@ MaxPool2dResult max_pool2d_with_indices(const Tensor& x, std::vector<int64_t> ke
                                         std::vector<int64_t> padding = {0},
                                         std::vector<int64_t> dilation = {1},
                                         bool ceil_mode = false);
+// The gradients of the pooling ops below are laid out as grad_out, or channels_last when
+// `format` says so (autograd passes the forward input's layout: a global pool's
+// [N, C, 1, 1] grad_out counts as contiguous whatever the input was).
+
 // The gradient of max_pool2d: grad_out scattered (summed) to `indices` in a tensor shaped
 // `input_size` (the forward input's full shape).
-Tensor max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, Shape input_size);
+Tensor max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, Shape input_size,
+                           MemoryFormat format = MemoryFormat::contiguous);
 
 // Mean over each window; `divisor_override` replaces the window size as the divisor.
 Tensor avg_pool2d(const Tensor& x, std::vector<int64_t> kernel_size,
@@ -40,12 +45,14 @@ Tensor avg_pool2d_backward(const Tensor& grad_out, Shape input_size,
                            std::vector<int64_t> kernel_size, std::vector<int64_t> stride = {},
                            std::vector<int64_t> padding = {0}, bool ceil_mode = false,
                            bool count_include_pad = true,
-                           std::optional<int64_t> divisor_override = std::nullopt);
+                           std::optional<int64_t> divisor_override = std::nullopt,
+                           MemoryFormat format = MemoryFormat::contiguous);
 
 // Mean over windows [floor(i*H/oh), ceil((i+1)*H/oh)) that give an output of `output_size`.
 Tensor adaptive_avg_pool2d(const Tensor& x, std::vector<int64_t> output_size);
 // The gradient of adaptive_avg_pool2d for an input of shape `input_size`.
-Tensor adaptive_avg_pool2d_backward(const Tensor& grad_out, Shape input_size);
+Tensor adaptive_avg_pool2d_backward(const Tensor& grad_out, Shape input_size,
+                                    MemoryFormat format = MemoryFormat::contiguous);
 
 // ---- the window arithmetic, shared by shape rules and kernels of every device ----
 

@@ -121,7 +121,7 @@ TEST_CASE("passes: every test graph rewrites to its expected graph and keeps its
       check_same_values(original, result, pass.name == "fold_constants" ? 1e-6 : 0.0, 0.0);
   }
   // Between them, the files exercise every rule.
-  for (const std::vector<Rule>* table : {&simplify_rules(), &fold_rules()})
+  for (const std::vector<Rule>* table : {&simplify_rules(), &fold_rules(), &layout_rules()})
     for (const Rule& rule : *table) {
       INFO("rule " << rule.name);
       CHECK(logged(all_rewrites, rule.name));
