@@ -242,8 +242,10 @@ static Attrs with_format(Attrs a, MemoryFormat format) {
   return a;
 }
 
-Tensor max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, Shape input_size, MemoryFormat format) {
-  return call_op1(kMaxPool2dBackward, {grad_out, indices}, with_format({{"input_size", std::move(input_size)}}, format));
+Tensor max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, Shape input_size,
+                           MemoryFormat format) {
+  return call_op1(kMaxPool2dBackward, {grad_out, indices},
+                  with_format({{"input_size", std::move(input_size)}}, format));
 }
 
 Tensor avg_pool2d(const Tensor& x, std::vector<int64_t> kernel_size, std::vector<int64_t> stride,
@@ -270,8 +272,10 @@ Tensor adaptive_avg_pool2d(const Tensor& x, std::vector<int64_t> output_size) {
   return call_op1(kAdaptiveAvgPool2d, {x}, {{"output_size", std::move(output_size)}});
 }
 
-Tensor adaptive_avg_pool2d_backward(const Tensor& grad_out, Shape input_size, MemoryFormat format) {
-  return call_op1(kAdaptiveAvgPool2dBackward, {grad_out}, with_format({{"input_size", std::move(input_size)}}, format));
+Tensor adaptive_avg_pool2d_backward(const Tensor& grad_out, Shape input_size,
+                                    MemoryFormat format) {
+  return call_op1(kAdaptiveAvgPool2dBackward, {grad_out},
+                  with_format({{"input_size", std::move(input_size)}}, format));
 }
 
 }  // namespace kiln

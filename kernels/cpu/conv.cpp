@@ -678,23 +678,35 @@ void visit_conv_type(DType c, F&& f) {
     f.template operator()<float>();
 }
 
+// The NHWC forward and backward_input: body<T>(activation, weight [Co, K] in `order`, out,
+// order) with the activation channels_last in the compute type, the weight as the matrix of
+// the chosen column order (a weight laid out channels_last already is taps-outer), and the
+// output channels_last.
+template <class Body>
+void nhwc_call(const Tensor& activation, const Tensor& weight, const Tensor& out,
+               const Conv2dGeometry& g, DType c, Body&& body) {
+  const bool w_nhwc = weight.is_contiguous(MemoryFormat::channels_last);
+  const ColumnOrder order = column_order(g, w_nhwc);
+  const Tensor a = dense_nhwc(activation, c);
+  const Tensor w = w_nhwc ? dense_nhwc(weight, c) : dense(weight, c);
+  into_layout(out, c, MemoryFormat::channels_last, [&](const Tensor& o) {
+    visit_conv_type(c, [&]<class T>() {
+      const WeightMatrix<T> wm(w, w_nhwc, g, order);
+      body.template operator()<T>(a.data_ptr<T>(), wm.data, o.data_ptr<T>(), order);
+    });
+  });
+}
+
 void conv2d_kernel(Span in, Span out, const Attrs& attrs) {
   const Conv2dGeometry g = conv2d_geometry(in[0].shape(), in[1].shape(), attrs, "conv2d");
   const DType c = conv_dtype(in[0].dtype());
   const bool has_bias = in.size() == 3 && in[2].defined();
   const Tensor bias = has_bias ? dense(in[2], c) : Tensor();
   if (use_nhwc(in[0], g)) {
-    // A weight laid out channels_last is already taps-outer.
-    const bool w_nhwc = in[1].is_contiguous(MemoryFormat::channels_last);
-    const ColumnOrder order = column_order(g, w_nhwc);
-    const Tensor x = dense_nhwc(in[0], c), w = w_nhwc ? dense_nhwc(in[1], c) : dense(in[1], c);
-    into_layout(out[0], c, MemoryFormat::channels_last, [&](const Tensor& o) {
-      visit_conv_type(c, [&]<class T>() {
-        const WeightMatrix<T> wm(w, w_nhwc, g, order);
-        nhwc_forward<T>(x.data_ptr<T>(), wm.data, has_bias ? bias.data_ptr<T>() : nullptr,
-                        o.data_ptr<T>(), g, order);
-      });
-    });
+    nhwc_call(in[0], in[1], out[0], g, c,
+              [&]<class T>(const T* x, const T* w, T* o, ColumnOrder order) {
+                nhwc_forward<T>(x, w, has_bias ? bias.data_ptr<T>() : nullptr, o, g, order);
+              });
     return;
   }
   const Tensor x = dense(in[0], c), w = dense(in[1], c);
@@ -711,15 +723,10 @@ void conv2d_backward_input_kernel(Span in, Span out, const Attrs& attrs) {
       conv2d_geometry(attrs.ints("input_size"), in[1].shape(), attrs, "conv2d_backward_input");
   const DType c = conv_dtype(in[0].dtype());
   if (use_nhwc(in[0], g)) {
-    const bool w_nhwc = in[1].is_contiguous(MemoryFormat::channels_last);
-    const ColumnOrder order = column_order(g, w_nhwc);
-    const Tensor grad = dense_nhwc(in[0], c), w = w_nhwc ? dense_nhwc(in[1], c) : dense(in[1], c);
-    into_layout(out[0], c, MemoryFormat::channels_last, [&](const Tensor& o) {
-      visit_conv_type(c, [&]<class T>() {
-        const WeightMatrix<T> wm(w, w_nhwc, g, order);
-        nhwc_backward_input<T>(grad.data_ptr<T>(), wm.data, o.data_ptr<T>(), g, order);
-      });
-    });
+    nhwc_call(in[0], in[1], out[0], g, c,
+              [&]<class T>(const T* grad, const T* w, T* o, ColumnOrder order) {
+                nhwc_backward_input<T>(grad, w, o, g, order);
+              });
     return;
   }
   const Tensor grad = dense(in[0], c), w = dense(in[1], c);

@@ -88,6 +88,21 @@ void for_planes(int64_t count, int64_t work_per_plane, Body&& body) {
   parallel_for(count, std::max<int64_t>(1, kGrain / std::max<int64_t>(1, work_per_plane)), body);
 }
 
+// max_pool2d's window of output (oh, ow): rows [h0, h1) and cols [w0, w1), walked with
+// the dilation as step, starting at the first tap inside the input.
+struct MaxWindow {
+  int64_t h0, h1, w0, w1;
+};
+MaxWindow max_window(const Pool2dParams& p, const Planes& g, int64_t oh, int64_t ow) {
+  const int64_t dh = p.dilation[0], dw = p.dilation[1];
+  int64_t h0 = oh * p.stride[0] - p.padding[0], w0 = ow * p.stride[1] - p.padding[1];
+  const int64_t h1 = std::min(h0 + (p.kernel[0] - 1) * dh + 1, g.in_h);
+  const int64_t w1 = std::min(w0 + (p.kernel[1] - 1) * dw + 1, g.in_w);
+  while (h0 < 0) h0 += dh;
+  while (w0 < 0) w0 += dw;
+  return {h0, h1, w0, w1};
+}
+
 template <class T>
 void max_pool2d_nchw(const Tensor& x, const Tensor& y, const Tensor& indices,
                      const Pool2dParams& p) {
@@ -96,21 +111,15 @@ void max_pool2d_nchw(const Tensor& x, const Tensor& y, const Tensor& indices,
   const T* xs = x.data_ptr<T>();
   T* ys = y.data_ptr<T>();
   int64_t* is = indices.data_ptr<int64_t>();
-  const int64_t kh = p.kernel[0], kw = p.kernel[1], sh = p.stride[0], sw = p.stride[1];
-  const int64_t ph = p.padding[0], pw = p.padding[1], dh = p.dilation[0], dw = p.dilation[1];
-  for_planes(g.count, g.out_h * g.out_w * kh * kw, [&](int64_t b, int64_t e) {
+  const int64_t dh = p.dilation[0], dw = p.dilation[1];
+  for_planes(g.count, g.out_h * g.out_w * p.kernel[0] * p.kernel[1], [&](int64_t b, int64_t e) {
     for (int64_t plane = b; plane < e; ++plane) {
       const T* xp = xs + plane * g.in_h * g.in_w;
       T* yp = ys + plane * g.out_h * g.out_w;
       int64_t* ip = is + plane * g.out_h * g.out_w;
       for (int64_t oh = 0; oh < g.out_h; ++oh) {
-        int64_t h0 = oh * sh - ph;
-        const int64_t h1 = std::min(h0 + (kh - 1) * dh + 1, g.in_h);
-        while (h0 < 0) h0 += dh;
         for (int64_t ow = 0; ow < g.out_w; ++ow) {
-          int64_t w0 = ow * sw - pw;
-          const int64_t w1 = std::min(w0 + (kw - 1) * dw + 1, g.in_w);
-          while (w0 < 0) w0 += dw;
+          const auto [h0, h1, w0, w1] = max_window(p, g, oh, ow);
           // As PyTorch: the first valid element when every value is -inf, and NaN wins.
           C best = -std::numeric_limits<C>::infinity();
           int64_t best_index = h0 * g.in_w + w0;
@@ -156,21 +165,15 @@ void max_pool2d_nhwc(const Tensor& x, const Tensor& y, const Tensor& indices,
   const T* xs = x.data_ptr<T>();
   T* ys = y.data_ptr<T>();
   int64_t* is = indices.data_ptr<int64_t>();
-  const int64_t kh = p.kernel[0], kw = p.kernel[1], sh = p.stride[0], sw = p.stride[1];
-  const int64_t ph = p.padding[0], pw = p.padding[1], dh = p.dilation[0], dw = p.dilation[1];
-  for_planes(g.images() * positions, channels * kh * kw, [&](int64_t b, int64_t e) {
+  const int64_t dh = p.dilation[0], dw = p.dilation[1];
+  for_planes(g.images() * positions, channels * p.kernel[0] * p.kernel[1], [&](int64_t b, int64_t e) {
     std::vector<C> best_values(static_cast<size_t>(channels));
     std::vector<I> best_indices(static_cast<size_t>(channels));
     C* best = best_values.data();
     I* best_index = best_indices.data();
     for (int64_t pos = b; pos < e; ++pos) {
       const int64_t n = pos / positions, oh = pos % positions / g.out_w, ow = pos % g.out_w;
-      int64_t h0 = oh * sh - ph;
-      const int64_t h1 = std::min(h0 + (kh - 1) * dh + 1, g.in_h);
-      while (h0 < 0) h0 += dh;
-      int64_t w0 = ow * sw - pw;
-      const int64_t w1 = std::min(w0 + (kw - 1) * dw + 1, g.in_w);
-      while (w0 < 0) w0 += dw;
+      const auto [h0, h1, w0, w1] = max_window(p, g, oh, ow);
       std::fill(best, best + channels, -std::numeric_limits<C>::infinity());
       std::fill(best_index, best_index + channels, static_cast<I>(h0 * g.in_w + w0));
       for (int64_t h = h0; h < h1; h += dh) {
