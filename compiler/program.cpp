@@ -297,7 +297,7 @@ std::vector<Tensor> Program::run(const std::vector<Tensor>& inputs) const {
       if (target >= 0 && writable(inputs[static_cast<size_t>(target)])) {
         out = inputs[static_cast<size_t>(target)];  // the write-back, done by the kernel itself
       } else {
-        out = make_tensor(type.shape, type.dtype, type.device, type.meta().memory_format);
+        out = make_tensor(type.shape, type.dtype, type.device, type.memory_format());
         out.impl()->wrapped_number = type.wrapped_number;
       }
       values[static_cast<size_t>(buffer.node)] = {out};

@@ -55,9 +55,11 @@ bool Tensor::is_contiguous(MemoryFormat format) const {
   if (format == MemoryFormat::contiguous) return is_contiguous();
   if (dim() != 4) return false;
   if (numel() == 0) return true;
-  const Shape want = strides_for(shape(), format);
+  // strides_for's NHWC strides, without a Shape per call: every op's inputs ask this.
+  const Shape& s = impl_->shape;
+  const int64_t want[4] = {s[1] * s[2] * s[3], 1, s[3] * s[1], s[1]};
   for (int64_t d = 0; d < 4; ++d)
-    if (impl_->shape[d] != 1 && impl_->strides[d] != want[d]) return false;
+    if (s[d] != 1 && impl_->strides[d] != want[d]) return false;
   return true;
 }
 

@@ -59,8 +59,7 @@ TensorType TensorType::of(const TensorMeta& m) {
 
 TensorMeta TensorType::meta() const {
   if (!defined) return TensorMeta{.shape = {}, .defined = false};
-  return TensorMeta{shape, dtype, device, wrapped_number, true,
-                    layout == Layout::channels_last ? MemoryFormat::channels_last : MemoryFormat::contiguous};
+  return TensorMeta{shape, dtype, device, wrapped_number, true, memory_format()};
 }
 
 std::string TensorType::str() const {

@@ -55,6 +55,9 @@ struct TensorType {
   static TensorType of(const Tensor& t);  // layout from t's strides
   static TensorType of(const TensorMeta& m);
   TensorMeta meta() const;
+  MemoryFormat memory_format() const {
+    return layout == Layout::channels_last ? MemoryFormat::channels_last : MemoryFormat::contiguous;
+  }
   // "f32[8,64,112,112]", then " nhwc", " number" and " cuda:0" (devices other than cpu)
   // when they apply; "none" when undefined.
   std::string str() const;
