@@ -134,7 +134,8 @@ class AccumulateGrad final : public Node {
     if (!impl || !grads[0].defined()) return {};
     Tensor leaf(impl);
     AutogradMeta& meta = autograd_meta(leaf);
-    Tensor g = grads[0];
+    Tensor g = std::move(grads[0]);
+    grads.clear();
     // Copies: a hook may remove itself (or others) while it runs.
     const auto leaf_hooks = meta.leaf_hooks;
     for (const auto& [handle, hook] : leaf_hooks) {
@@ -146,7 +147,7 @@ class AccumulateGrad final : public Node {
     if (!meta.grad.defined()) {
       // Own the memory: the same gradient tensor may flow to several leaves (a + b), or be
       // a view of something else (an expand).
-      meta.grad = GradMode::is_enabled() ? g.clone() : g.detach().clone();
+      meta.grad = GradMode::is_enabled() ? g.clone() : own_gradient(std::move(g), leaf);
     } else if (GradMode::is_enabled()) {
       meta.grad = meta.grad + g;  // create_graph: keep the sum differentiable
     } else {
@@ -314,6 +315,34 @@ int Tensor::register_post_accumulate_grad_hook(std::function<void(const Tensor&)
   const int handle = next_hook_handle();
   autograd_meta(*this).post_accumulate_hooks[handle] = std::move(hook);
   return handle;
+}
+
+Tensor own_gradient(Tensor g, const Tensor& leaf) {
+  // g's memory is kept when nothing else can reach it: no other handle, no saved tensor, no
+  // other view (its base, if g is a view, is held by g alone), g covers all of it, and it is
+  // laid out as the leaf is. A Linear weight's gradient (16 MiB for a 4096x1024 layer) is
+  // such a tensor; copying it every step cost more than the layer's pointwise work.
+  const TensorImpl& impl = *g.impl();
+  auto unshared = [&] {
+    if (g.impl_ptr().use_count() != 1 || impl.autograd || impl.wrapped_number) return false;
+    long holders = 1;
+    if (impl.view_base) {
+      if (impl.view_base.use_count() != 1 || impl.view_base->storage != impl.storage) return false;
+      ++holders;
+    }
+    const Storage& storage = impl.storage;
+    return storage && storage.use_count() == holders && storage->deleter && impl.offset == 0 &&
+           storage->nbytes == static_cast<size_t>(g.numel()) * itemsize(g.dtype()) &&
+           g.is_contiguous(leaf.suggest_memory_format());
+  };
+  if (!unshared()) return g.detach().clone();
+  auto own = std::make_shared<TensorImpl>();
+  own->storage = impl.storage;
+  own->shape = impl.shape;
+  own->strides = impl.strides;
+  own->dtype = impl.dtype;
+  own->device = impl.device;
+  return Tensor(std::move(own));
 }
 
 }  // namespace kiln

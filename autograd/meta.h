@@ -22,6 +22,10 @@ struct AutogradMeta {
 AutogradMeta& autograd_meta(const Tensor& t);
 // The edge a gradient for `t` travels along: its grad_fn's output, or its accumulator.
 Edge gradient_edge(const Tensor& t);
+// What becomes a leaf's new .grad from the gradient g (pass the only handle to it, moved):
+// g's own memory when nothing else can reach it and it is laid out as the leaf is (as
+// PyTorch's AccumulateGrad steals a gradient), else a copy. Never differentiable.
+Tensor own_gradient(Tensor g, const Tensor& leaf);
 // A handle number, unique in the process.
 int next_hook_handle();
 

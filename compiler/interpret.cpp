@@ -2,6 +2,7 @@
 #include <cstddef>
 #include <unordered_map>
 
+#include "autograd/meta.h"
 #include "compiler/run_graph.h"
 #include "compiler/trace.h"
 #include "core/error.h"
@@ -60,7 +61,9 @@ std::vector<Tensor> Trace::replay(const std::vector<Tensor>& args) const {
   size_t next = static_cast<size_t>(num_results);
   for (const GradEffect& effect : grad_effects) {
     const Tensor& leaf = inputs.at(static_cast<size_t>(effect.input));
-    leaf.set_grad(effect.value.defined() ? outputs.at(next++) : Tensor());
+    // Like AccumulateGrad: a gradient that is a view, or shares memory with another output,
+    // is copied; one the graph made for this leaf alone is kept.
+    leaf.set_grad(effect.value.defined() ? own_gradient(std::move(outputs.at(next++)), leaf) : Tensor());
   }
   outputs.resize(static_cast<size_t>(num_results));
   return outputs;

@@ -10,6 +10,23 @@ namespace {
 
 bool is_one(Scalar s) { return s.to_double() == 1.0; }
 
+// Whether t's matrices are stored transposed (column-major), as a Linear's weight.t() is.
+bool stored_transposed(const Tensor& t) {
+  if (t.dim() < 2 || t.is_contiguous()) return false;
+  const int64_t d = t.dim();
+  return t.strides()[static_cast<size_t>(d - 2)] == 1 && t.strides()[static_cast<size_t>(d - 1)] == t.size(-2);
+}
+
+// The product x y, laid out like `like`: (y^T x^T)^T when like is stored transposed. An
+// operand's gradient then has the operand's strides, so a Linear weight's own gradient
+// (through t()'s backward) comes out contiguous, which AccumulateGrad keeps without a copy;
+// computed as x y it would need a transposing copy of the whole weight every step.
+template <typename Product>
+Tensor product_like(const Tensor& like, const Tensor& x, const Tensor& y, Product product) {
+  if (!stored_transposed(like)) return product(x, y);
+  return product(y.transpose(-1, -2), x.transpose(-1, -2)).transpose(-1, -2);
+}
+
 // matmul: a 1-d left operand is a row [1, k], a 1-d right operand a column [k, 1]; the
 // gradient gets those dims back, the products run as batched matmuls, and each operand's
 // gradient is summed over the batch dims it was broadcast along.
@@ -22,16 +39,20 @@ std::vector<Tensor> matmul_backward(const BackwardContext& c) {
   if (b_vector) g = g.unsqueeze(-1);
   if (a_vector) g = g.unsqueeze(-2);
   std::vector<Tensor> out(2);
-  if (c.needs(0)) out[0] = sum_to(matmul(g, b2.transpose(-1, -2)), a2.shape()).reshape(a.shape());
-  if (c.needs(1)) out[1] = sum_to(matmul(a2.transpose(-1, -2), g), b2.shape()).reshape(b.shape());
+  auto product = [](const Tensor& x, const Tensor& y) { return matmul(x, y); };
+  if (c.needs(0))
+    out[0] = sum_to(product_like(a2, g, b2.transpose(-1, -2), product), a2.shape()).reshape(a.shape());
+  if (c.needs(1))
+    out[1] = sum_to(product_like(b2, a2.transpose(-1, -2), g, product), b2.shape()).reshape(b.shape());
   return out;
 }
 
 std::vector<Tensor> mm_backward(const BackwardContext& c) {
   const Tensor& g = c.grad();
+  auto product = [](const Tensor& x, const Tensor& y) { return mm(x, y); };
   std::vector<Tensor> out(2);
-  if (c.needs(0)) out[0] = mm(g, c.input(1).t());
-  if (c.needs(1)) out[1] = mm(c.input(0).t(), g);
+  if (c.needs(0)) out[0] = product_like(c.input(0), g, c.input(1).t(), product);
+  if (c.needs(1)) out[1] = product_like(c.input(1), c.input(0).t(), g, product);
   return out;
 }
 
@@ -52,8 +73,9 @@ std::vector<Tensor> addmm_backward(const BackwardContext& c) {
   const Tensor ga = is_one(alpha) ? g : g * alpha;
   std::vector<Tensor> out(3);
   if (c.needs(0)) out[0] = sum_to(is_one(beta) ? g : g * beta, c.input_metas[0].shape);
-  if (c.needs(1)) out[1] = mm(ga, c.input(2).t());
-  if (c.needs(2)) out[2] = mm(c.input(1).t(), ga);
+  auto product = [](const Tensor& x, const Tensor& y) { return mm(x, y); };
+  if (c.needs(1)) out[1] = product_like(c.input(1), ga, c.input(2).t(), product);
+  if (c.needs(2)) out[2] = product_like(c.input(2), c.input(1).t(), ga, product);
   return out;
 }
 

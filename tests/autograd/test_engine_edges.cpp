@@ -91,3 +91,46 @@ TEST_CASE("the backward gradient is cast to the output dtype and checked", "[aut
   KILN_CHECK_EQUAL(x.grad(), tensor_of({2, 2}, {2}));
   CHECK_THROWS_WITH((x * 2).backward(ones({3}, {.dtype = DType::f64})), Catch::Contains("backward"));
 }
+
+TEST_CASE("a gradient nothing else holds becomes the leaf's grad without a copy", "[autograd]") {
+  // A Linear's weight: matmul(x, w.t()). Its gradient is computed in w's layout, so it
+  // comes out contiguous and AccumulateGrad keeps that very buffer (the hook sees it).
+  Tensor x = random_leaf({3, 4}, 1), w = random_leaf({5, 4}, 2);
+  const void* seen = nullptr;
+  w.register_hook([&](const Tensor& g) {
+    seen = g.data_ptr();
+    return Tensor();
+  });
+  Tensor y = matmul(x, w.t());
+  sum(y * y).backward();
+  CHECK(w.grad().is_contiguous());
+  CHECK(w.grad().data_ptr() == seen);
+  // Reference: d/dw sum((x w^T)^2) = 2 (x w^T)^T x.
+  NoGradGuard no_grad;
+  KILN_CHECK_CLOSE(w.grad(), mm((mm(x, w.t()) * 2).t().contiguous(), x), 1e-12, 1e-12);
+  KILN_CHECK_CLOSE(x.grad(), mm(mm(x, w.t()) * 2, w), 1e-12, 1e-12);
+}
+
+TEST_CASE("a gradient that is shared or kept elsewhere is copied", "[autograd]") {
+  // The same gradient flows to both leaves of a + b: each gets its own memory.
+  Tensor a = leaf({1, 1, 1}), b = leaf({1, 1, 1});
+  sum((a + b) * 2).backward();
+  CHECK(a.grad().storage() != b.grad().storage());
+  a.grad().add_(1);
+  KILN_CHECK_EQUAL(b.grad(), tensor_of({2, 2, 2}, {3}));
+  // A hook that keeps the gradient: the leaf's grad must not alias it.
+  Tensor c = leaf({1, 2}), kept;
+  c.register_hook([&](const Tensor& g) {
+    kept = g;
+    return Tensor();
+  });
+  sum(c * 3).backward();
+  REQUIRE(kept.defined());
+  CHECK(kept.storage() != c.grad().storage());
+  // A gradient that is a view (sum's backward expands a scalar) is copied into memory of
+  // the leaf's own size.
+  Tensor d = leaf({1, 2, 3});
+  sum(d).backward();
+  CHECK(d.grad().is_contiguous());
+  CHECK(d.grad().storage()->nbytes == 3 * sizeof(double));
+}
