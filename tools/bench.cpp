@@ -335,6 +335,7 @@ int bench_train(const TrainBenchOptions& o) {
 struct MlpBlockOptions {
   int64_t batch = 256, width = 1024, hidden = 0, steps = 10, warmup = 2;  // hidden 0: 4 * width
   bool describe = false;  // print the compiled program's steps (stderr)
+  bool profile = false;   // print where the compiled step's time goes (stderr)
 };
 
 // The parameters of y = x + fc2(gelu(fc1(layer_norm(x)))), and its training step: forward,
@@ -387,7 +388,8 @@ int bench_mlp_block(const MlpBlockOptions& o) {
         mode, o.batch, o.width, hidden, o.steps, t.median_ms, t.peak_mib, t.first_call_s, extra);
   };
   compiler::CompiledFunction compiled =
-      compiler::compile([&block](const std::vector<Tensor>& args) { return block.step(args); });
+      compiler::compile([&block](const std::vector<Tensor>& args) { return block.step(args); },
+                        {.profile = o.profile});
   auto eager_step = [&] {
     block.clear_grads();
     block.step({x});
@@ -432,6 +434,7 @@ int bench_mlp_block(const MlpBlockOptions& o) {
                    eager.median_ms / timed.median_ms, timed.peak_mib / eager.peak_mib, max_error));
   if (o.describe)
     for (const compiler::Trace* t : compiled.traces()) std::cerr << compiler::print(t->graph);
+  if (o.profile) std::cerr << compiled.profile();
   return 0;
 }
 
@@ -439,8 +442,8 @@ MlpBlockOptions parse_mlp_block_options(int argc, char** argv) {
   MlpBlockOptions o;
   for (int i = 2; i < argc; ++i) {
     const std::string option = argv[i];
-    if (option == "--describe") {
-      o.describe = true;
+    if (option == "--describe" || option == "--profile") {
+      (option == "--describe" ? o.describe : o.profile) = true;
       continue;
     }
     KILN_CHECK(i + 1 < argc, "kiln-bench mlp-block: {} needs a value", option);
@@ -525,7 +528,8 @@ int main(int argc, char** argv) {
                  "         channels_last: where the compiled modes' layout pass runs convolutions NHWC]\n"
                  "  mlp-block  eager against compiled training step (forward, loss mean(y^2), backward) of\n"
                  "         y = x + fc2(gelu(fc1(layer_norm(x)))): --batch 256 --width 1024 --hidden 4*width\n"
-                 "         --steps 10 --warmup 2 [--describe: the traced graph on stderr; KILN_DUMP=DIR: every stage]\n";
+                 "         --steps 10 --warmup 2 [--describe: the traced graph on stderr; --profile: where the\n"
+                 "         compiled step's time goes, on stderr; KILN_DUMP=DIR: every stage]\n";
     return 2;
   } catch (const Error& e) {
     std::cerr << "kiln-bench: " << e.what() << "\n";
