@@ -239,6 +239,7 @@ const char* role_name(InputRole role) {
     case InputRole::param: return "param";
     case InputRole::state: return "state";
     case InputRole::scalar: return "scalar";
+    case InputRole::random: return "random";
   }
   return "?";
 }
@@ -399,7 +400,7 @@ std::string explain(TracedFunction fn, const std::vector<Tensor>& args, CompileO
   out += fmt::format("nodes: {} ({}, {}, {})\n", g.nodes().size(), count(g.inputs().size(), "input"),
                      count(static_cast<size_t>(constants), "constant"), count(static_cast<size_t>(ops), "op"));
   out += fmt::format("inputs: {}\n", g.inputs().size());
-  for (InputRole role : {InputRole::data, InputRole::param, InputRole::state, InputRole::scalar})
+  for (InputRole role : {InputRole::data, InputRole::param, InputRole::state, InputRole::scalar, InputRole::random})
     for (Value v : g.inputs())
       if (g.node(v).role == role)
         out += fmt::format("  {} \"{}\" {}\n", role_name(role), g.node(v).name, g.type(v).str());

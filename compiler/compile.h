@@ -32,7 +32,10 @@
 // Results of replayed calls carry no autograd history; the traced (first) call returns
 // fn's eager results.
 //
-// Graph breaks: the tracer refuses some programs (random ops such as dropout in training,
+// Random ops (dropout in training, randn...) drawing from the default generator are traced:
+// each replay draws fresh counters from it, as eager code would (compiler/trace.h).
+//
+// Graph breaks: the tracer refuses some programs (random ops given another generator,
 // in-place writes into views, an optimizer's first step (it creates state), writes
 // outside the op registry). With `fullgraph` the refusal is thrown
 // as a kiln::Error naming the op, from the middle of fn: the ops before the refused one

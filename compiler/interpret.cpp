@@ -6,6 +6,7 @@
 #include "compiler/run_graph.h"
 #include "compiler/trace.h"
 #include "core/error.h"
+#include "core/generator.h"
 #include "core/grad_mode.h"
 #include "core/registry.h"
 
@@ -15,6 +16,9 @@ std::vector<Tensor> interpret(const Graph& graph, const std::vector<Tensor>& inp
   check_inputs(graph, inputs, "interpret");
   std::unordered_map<int32_t, size_t> input_position;  // input node -> index into `inputs`
   for (size_t i = 0; i < graph.inputs().size(); ++i) input_position[graph.inputs()[i].node] = i;
+
+  const RandomBase base = random_base(graph, inputs);
+  Attrs random_attrs;
 
   NoGradGuard no_grad;
   const std::vector<Node>& nodes = graph.nodes();
@@ -41,7 +45,7 @@ std::vector<Tensor> interpret(const Graph& graph, const std::vector<Tensor>& inp
         args.reserve(node.inputs.size());
         for (Value v : node.inputs) args.push_back(value(v));
         const OpDef& def = node.def ? *node.def : find_op(node.op);
-        values[i] = call_op(def, std::move(args), node.attrs);
+        values[i] = call_op(def, std::move(args), call_attrs(node, base, random_attrs, "interpret"));
         KILN_CHECK(values[i].size() == node.outputs.size(),
                    "interpret: {} made {} outputs, the graph says {}", node.op, values[i].size(),
                    node.outputs.size());
@@ -56,7 +60,13 @@ std::vector<Tensor> interpret(const Graph& graph, const std::vector<Tensor>& inp
 std::vector<Tensor> Trace::replay(const std::vector<Tensor>& args) const {
   KILN_CHECK(!broken(), "Trace::replay: the trace stopped at a graph break ({}) and has no graph",
              break_reason);
-  const std::vector<Tensor> inputs = inputs_for(args);
+  std::vector<Tensor> inputs = inputs_for(args);
+  // The counters the traced function drew from the default generator, drawn again: the
+  // random ops get fresh numbers, and the stream ends where eager code would leave it.
+  if (random_input >= 0 || random_count > 0) {
+    const Generator::Reservation r = default_generator().reserve(random_count);
+    if (random_input >= 0) inputs.at(static_cast<size_t>(random_input)) = random_base_tensor(r.seed, r.offset);
+  }
   std::vector<Tensor> outputs = runner ? runner(inputs) : interpret(graph, inputs);
   size_t next = static_cast<size_t>(num_results);
   for (const GradEffect& effect : grad_effects) {

@@ -226,6 +226,8 @@ std::vector<Tensor> Program::run(const std::vector<Tensor>& inputs) const {
     return values.at(static_cast<size_t>(v.node)).at(static_cast<size_t>(v.output));
   };
 
+  const RandomBase base = random_base(g, inputs);  // random ops are eager steps: call_attrs
+  Attrs random_attrs;
   const std::unordered_set<const StorageImpl*> shared = shared_storages(inputs);
   auto writable = [&](const Tensor& t) { return !shared.contains(t.storage().get()); };
 
@@ -253,6 +255,7 @@ std::vector<Tensor> Program::run(const std::vector<Tensor>& inputs) const {
       args.reserve(node.inputs.size());
       for (Value v : node.inputs) args.push_back(value(v));
       const OpDef& def = node.def ? *node.def : find_op(node.op);
+      const Attrs& attrs = call_attrs(node, base, random_attrs, "Program::run");
       std::vector<Tensor>& out = values[static_cast<size_t>(n)];
       if (const OpDef* twin = in_place_op_[s]) {
         // The in-place twin updates the inputs the pure op would return new copies of, when
@@ -265,16 +268,16 @@ std::vector<Tensor> Program::run(const std::vector<Tensor>& inputs) const {
           if (t.is_contiguous() && writable(t)) updated.push_back(t);
         }
         if (updated.size() == node.outputs.size()) {
-          call_op(*twin, args, node.attrs);
+          call_op(*twin, args, attrs);
           out = std::move(updated);
         }
       }
       if (const int32_t target = in_place_eager_[s]; target >= 0 && writable(inputs[static_cast<size_t>(target)])) {
         const Tensor& into = inputs[static_cast<size_t>(target)];
-        call_op_out(def, std::move(args), node.attrs, into);
+        call_op_out(def, std::move(args), attrs, into);
         out = {into};
       }
-      if (out.empty()) out = call_op(def, std::move(args), node.attrs);
+      if (out.empty()) out = call_op(def, std::move(args), attrs);
       KILN_CHECK(out.size() == node.outputs.size(), "Program::run: {} made {} outputs, the graph says {}",
                  node.op, out.size(), node.outputs.size());
       for (int32_t r : release_after_[s]) values[static_cast<size_t>(r)].clear();

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "core/ops/factory.h"
 
 namespace kiln::compiler {
 
@@ -11,6 +12,33 @@ Tensor constant_tensor(const Node& node) {
   Tensor t = scalar_tensor(node.attrs.scalar("value"), type.dtype, type.device);
   t.impl()->wrapped_number = type.wrapped_number;
   return t;
+}
+
+RandomBase random_base(const Graph& graph, const std::vector<Tensor>& inputs) {
+  for (size_t i = 0; i < graph.inputs().size() && i < inputs.size(); ++i) {
+    if (graph.node(graph.inputs()[i]).role != InputRole::random) continue;
+    const Tensor base = inputs[i].contiguous();
+    const int64_t* words = base.data_ptr<int64_t>();
+    return RandomBase{.given = true, .seed = static_cast<uint64_t>(words[0]), .offset = static_cast<uint64_t>(words[1])};
+  }
+  return {};
+}
+
+Tensor random_base_tensor(uint64_t seed, uint64_t offset) {
+  return from_vector(std::vector<int64_t>{static_cast<int64_t>(seed), static_cast<int64_t>(offset)}, {2},
+                     {.dtype = DType::i64});
+}
+
+TensorType random_base_type() { return TensorType{.dtype = DType::i64, .shape = {2}}; }
+
+const Attrs& call_attrs(const Node& node, const RandomBase& base, Attrs& scratch, const char* who) {
+  if (!node.def || !node.def->random || node.attrs.has("seed")) return node.attrs;
+  KILN_CHECK(base.given, "{}: random op {} draws from the graph's random input, which the graph lacks", who,
+             node.op);
+  scratch = node.attrs;
+  scratch.set("seed", static_cast<int64_t>(base.seed));
+  scratch.set("offset", static_cast<int64_t>(base.offset + static_cast<uint64_t>(node.attrs.i("offset"))));
+  return scratch;
 }
 
 void check_inputs(const Graph& graph, const std::vector<Tensor>& inputs, const char* who) {

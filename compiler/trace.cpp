@@ -15,7 +15,9 @@
 #include <set>
 #include <unordered_map>
 
+#include "compiler/run_graph.h"
 #include "core/error.h"
+#include "core/generator.h"
 #include "core/registry.h"
 #include "models/module.h"
 
@@ -66,7 +68,12 @@ struct StorageState {
 
 class Tracer {
  public:
-  Tracer(Trace& trace, const TraceOptions& options) : trace_(trace), options_(options) {}
+  Tracer(Trace& trace, const TraceOptions& options)
+      : trace_(trace),
+        options_(options),
+        random_seed_(default_generator().seed()),
+        random_start_(default_generator().offset()),
+        random_next_(random_start_) {}
 
   void add_argument(const Tensor& t, size_t index) {
     KILN_CHECK(t.defined(), "trace: argument {} is undefined", index);
@@ -130,6 +137,17 @@ class Tracer {
     return value_of(t, "the traced function's results", {});
   }
 
+  // How many counters fn drew from the default generator (replay draws as many). Reseeding
+  // it inside fn, or moving it back, cannot be replayed: refused.
+  void finish_random() {
+    const Generator& gen = default_generator();
+    KILN_CHECK(gen.seed() == random_seed_ && gen.offset() >= random_next_,
+               "trace: the default generator was reseeded or moved back inside the traced function (seed {} "
+               "offset {} before, seed {} offset {} after), which replay cannot repeat; seed it outside",
+               random_seed_, random_start_, gen.seed(), gen.offset());
+    trace_.random_count = gen.offset() - random_start_;
+  }
+
   // Every storage the trace saw must have moved only by the writes it recorded.
   void check_versions() const {
     for (const StorageImpl* ptr : storage_order_) {
@@ -155,10 +173,6 @@ class Tracer {
 
   void record(const OpCall& call) {
     const OpDef& op = call.op;
-    KILN_CHECK(!op.random,
-               "trace: {} is a random op; its seed and offset would be baked into the graph "
-               "(not supported yet)",
-               op.name);
     if (updates_running_stats(call)) return record_batch_norm_training(call);
     if (const char* pure = pure_twin_of(op.name)) return record_update_in_place(call, pure);
     refuse_mutation(call);
@@ -185,7 +199,8 @@ class Tracer {
       target_input = find(*target)->input;
     }
 
-    std::vector<Value> outs = trace_.graph.add_op(op.name, std::move(inputs), call.attrs, op.name);
+    std::vector<Value> outs =
+        trace_.graph.add_op(op.name, std::move(inputs), op.random ? random_attrs(call) : call.attrs, op.name);
     KILN_CHECK(outs.size() == call.outputs.size(),
                "trace: {} made {} outputs but its shape rule says {}", op.name, call.outputs.size(),
                outs.size());
@@ -213,6 +228,43 @@ class Tracer {
       if (k) remember(t, k->value, version_of(t), k->input);
     }
     record_outputs(call, outs);
+  }
+
+  // A random op's attributes in the graph (graph.h): no seed, and its offset counted from
+  // the random input's, which replay fills from the default generator. Only counters that
+  // op reserved from the default generator since the previous random op can be replayed so;
+  // another generator's are refused.
+  Attrs random_attrs(const OpCall& call) {
+    const std::string& op = call.op.name;
+    KILN_CHECK(call.attrs.has("seed") && call.attrs.has("offset"), "trace: random op {} has no seed and offset ({})",
+               op, attrs_text(call.attrs));
+    const auto seed = static_cast<uint64_t>(call.attrs.i("seed"));
+    const auto offset = static_cast<uint64_t>(call.attrs.i("offset"));
+    const Generator& gen = default_generator();
+    const uint64_t now = gen.offset();
+    KILN_CHECK(gen.seed() == random_seed_,
+               "trace: the default generator was reseeded (manual_seed) inside the traced function before {}, "
+               "which replay cannot repeat; seed it outside",
+               op);
+    KILN_CHECK(seed == random_seed_ && offset >= random_next_ && offset <= now,
+               "trace: random op {} draws from a generator other than the default one (seed {}, offset {}; the "
+               "default generator is at seed {}, offset {}): only the default generator can be traced; pass no "
+               "generator, or run this op outside the compiled function",
+               op, seed, offset, random_seed_, now);
+    random_next_ = now;
+    if (trace_.random_input < 0) {
+      const Tensor base = random_base_tensor(random_seed_, random_start_);
+      trace_.random_input = static_cast<int64_t>(inputs_.size());
+      trace_.graph.add_input("random", random_base_type(), InputRole::random);
+      trace_.captured.push_back(base);
+      note_input(base);
+    }
+    Attrs attrs;
+    for (const Attr& a : call.attrs.items()) {
+      if (a.name == "seed") continue;
+      attrs.set(a.name, a.name == "offset" ? AttrValue(static_cast<int64_t>(offset - random_start_)) : a.value);
+    }
+    return attrs;
   }
 
   // The values of a (not in-place) call's outputs.
@@ -459,6 +511,8 @@ class Tracer {
 
   Trace& trace_;
   const TraceOptions& options_;
+  // The default generator when the trace started, and its offset after the last random op.
+  uint64_t random_seed_, random_start_, random_next_;
   bool busy_ = false;
   std::map<ViewKey, Known> known_;
   std::unordered_map<const StorageImpl*, StorageState> storages_;
@@ -488,6 +542,7 @@ Trace trace(const TracedFunction& fn, const std::vector<Tensor>& args,
       return result;
     }
     tracer.check_versions();
+    tracer.finish_random();
     std::vector<Value> outputs;
     for (size_t i = 0; i < returned.size(); ++i)
       outputs.push_back(tracer.result_value(returned[i], i));

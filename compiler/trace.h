@@ -30,13 +30,22 @@
 //   clone when .grad was undefined) is a "grad effect": its new value is an extra graph
 //   output after fn's results, applied by set_grad at replay (Trace::replay). A gradient
 //   added into in place (.grad defined before) is a captured state input with a write-back,
-//   and is read at replay from the leaf's current .grad (Trace::grad_of).
+//   and is read at replay from the leaf's current .grad (Trace::grad_of);
+// - a random op (dropout, rand, randn, randint, normal_...) that drew its counters from the
+//   default generator is a node without its seed and with its offset counted from the
+//   trace's start (compiler/ir/graph.h), drawing from the graph input "random" (role random,
+//   i64[2]: seed, base offset; Trace::random_input). replay() reserves Trace::random_count
+//   counters (all that fn drew from the default generator) and gives their seed and first
+//   offset as that input: each call gets fresh numbers, the very ones eager code would have
+//   drawn, and leaves the generator where eager code would. inputs_for() gives the trace's
+//   own base, so interpret(graph, inputs_for(args)) repeats the traced call's numbers.
 //
-// Refused with a kiln::Error naming the op, for now: random ops (their seed and offset would
-// be baked in), ops that mutate inputs in place other than through an in-place call
-// (batch_norm aside), in-place writes into a view, and tensors
-// modified outside the registry while tracing (a version counter moved with no op seen:
-// a kernel written as a raw loop over data_ptr, say). With TraceOptions::allow_break a refusal is not thrown:
+// Refused with a kiln::Error naming the op, for now: random ops given another generator
+// than the default one, reseeding the default generator inside fn, ops that mutate inputs
+// in place other than through an in-place call (batch_norm aside), in-place writes into a
+// view, and tensors modified outside the registry while tracing (a version counter moved
+// with no op seen: a kernel written as a raw loop over data_ptr, say). With
+// TraceOptions::allow_break a refusal is not thrown:
 // the trace stops recording, fn runs on eagerly to its end, and the Trace reports the
 // break (Trace::broken()) with no usable graph.
 #include <functional>
@@ -89,6 +98,10 @@ struct Trace {
   // captured (a gradient accumulated in place), -1 otherwise.
   std::vector<int64_t> grad_of;
   std::vector<GradEffect> grad_effects;
+  // The graph input the random ops draw from (-1: none), and how many counters fn drew from
+  // the default generator while traced: replay() reserves as many and passes their base.
+  int64_t random_input = -1;
+  uint64_t random_count = 0;
 
   // Set when recording stopped at a refusal (TraceOptions::allow_break): the op that was
   // refused ("" for a write seen only at the end) and the refusal's message. The graph is
@@ -100,14 +113,16 @@ struct Trace {
   // The tensors to pass to interpret(): args, then the captured tensors, where a captured
   // gradient is read from its leaf's current .grad (grad_of).
   std::vector<Tensor> inputs_for(const std::vector<Tensor>& args) const;
-  // What runs the graph at replay: given inputs_for(args), returns the graph's outputs.
+  // What runs the graph at replay: given inputs_for(args) (with a fresh random base),
+  // returns the graph's outputs.
   // Unset: interpret(graph, inputs). The compiler installs its generated program here
   // (compiled from `graph` or from an equivalent optimized graph with the same inputs and
   // outputs).
   std::function<std::vector<Tensor>(const std::vector<Tensor>&)> runner;
 
-  // Runs the graph on new arguments as fn would: the runner (or interpret()), then the grad
-  // effects (set_grad). Returns fn's results only.
+  // Runs the graph on new arguments as fn would: reserves random_count counters from the
+  // default generator (their base is the random input), the runner (or interpret()), then
+  // the grad effects (set_grad). Returns fn's results only.
   std::vector<Tensor> replay(const std::vector<Tensor>& args) const;
 };
 

@@ -25,6 +25,19 @@
 // stable and two dumps of the same model diff cleanly. `none` is an absent optional input.
 // The comment after `#` is the node's source (what the traced program called).
 //
+// Random ops (OpDef::random: dropout, uniform, normal, randint) draw Philox counters from
+// the run's random base, the graph input of role `random` (i64[2] on the CPU: seed, first
+// counter), given afresh at each run (Trace::replay reserves it from the default
+// generator). Their nodes have no `seed` attribute and an `offset` counted from the base, so
+// the graph, and its hash, do not change with the seed or the stream's position:
+//
+//   %1 = random "random" : i64[2]
+//   %2, %3 = dropout(%0) {p=0.3, train=true, offset=0} : f32[4,8], bool[4,8]
+//   %4 = normal() {shape=[4,8], dtype=f32, device=cpu, offset=32, mean=0.0, std=1.0} : f32[4,8]
+//
+// The runners call the kernel with seed = the base's seed and offset = the base's offset +
+// the node's. (A node that keeps a `seed` attribute, built by hand, runs with its own.)
+//
 // Attribute values print with their type visible, so parse() rebuilds them exactly:
 // true/false (bool), 3 (int), 1.5 / 1e-05 / inf / nan (double: always with '.', 'e' or a
 // word), $2 / $2.5 / $true (Scalar), [1,2] (ints), f32 (DType), cpu / cuda:0 (Device),
@@ -75,8 +88,9 @@ struct Value {
 enum class NodeKind : uint8_t { input, constant, op };
 // What a graph input is, printed as its keyword: input (data given at each call), param
 // (a parameter), state (optimizer or module state such as momentum or running_mean),
-// scalar (a 0-d runtime hyperparameter: lr, loss scale, accumulation weight).
-enum class InputRole : uint8_t { data, param, state, scalar };
+// scalar (a 0-d runtime hyperparameter: lr, loss scale, accumulation weight), random (the
+// random ops' base: seed and first counter, above).
+enum class InputRole : uint8_t { data, param, state, scalar, random };
 
 struct Node {
   NodeKind kind = NodeKind::op;
@@ -148,7 +162,8 @@ std::string print(const Graph& graph, bool with_sources = true);
 Graph parse(std::string_view text);
 // Checks the invariants every pass must keep: inputs defined before use, each op node's
 // output types equal to its shape rule's answer for its inputs' types, outputs and
-// write-backs referring to existing values, write-backs only to inputs and type-equal.
+// write-backs referring to existing values, write-backs only to inputs and type-equal, at
+// most one random input (i64[2] on the CPU), present when a random node draws from it.
 // Throws kiln::Error naming the first broken node.
 void verify(const Graph& graph);
 

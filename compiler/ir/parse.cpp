@@ -261,7 +261,8 @@ class GraphReader {
     for (int64_t n : defined)
       if (values_.contains(n)) in.error("%{} is defined twice", n);
     std::vector<Value> values;
-    if (keyword == "input" || keyword == "param" || keyword == "state" || keyword == "scalar") {
+    if (keyword == "input" || keyword == "param" || keyword == "state" || keyword == "scalar" ||
+        keyword == "random") {
       values.push_back(read_input(in, keyword));
     } else if (keyword == "constant") {
       values.push_back(read_constant(in));
@@ -308,6 +309,7 @@ class GraphReader {
     const InputRole role = keyword == "param"   ? InputRole::param
                            : keyword == "state" ? InputRole::state
                            : keyword == "scalar" ? InputRole::scalar
+                           : keyword == "random" ? InputRole::random
                                                  : InputRole::data;
     std::string name = in.quoted_string();
     in.expect(':', "before the input's type");

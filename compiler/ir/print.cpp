@@ -14,6 +14,7 @@ std::string_view role_keyword(InputRole role) {
     case InputRole::param: return "param";
     case InputRole::state: return "state";
     case InputRole::scalar: return "scalar";
+    case InputRole::random: return "random";
   }
   return "input";
 }

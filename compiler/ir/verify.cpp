@@ -109,6 +109,26 @@ void verify(const Graph& graph) {
                "verify: graph input (node {}) is not an input node", v.node);
     KILN_CHECK(names.insert(graph.node(v).name).second, "verify: two inputs named \"{}\"", graph.node(v).name);
   }
+  // The random base: one input at most, of the type the runners read; a random node that
+  // draws from it (no seed of its own) needs it.
+  const Node* random_input = nullptr;
+  for (Value v : graph.inputs()) {
+    const Node& input = graph.node(v);
+    if (input.role != InputRole::random) continue;
+    KILN_CHECK(!random_input, "verify: two random inputs (\"{}\" and \"{}\")", random_input->name, input.name);
+    random_input = &input;
+    const TensorType& type = input.outputs.at(0);
+    KILN_CHECK(type.dtype == DType::i64 && type.shape == Shape{2} && type.device.is_cpu() && !type.wrapped_number,
+               "verify: the random input \"{}\" is {}; it must be i64[2] (seed, offset) on the CPU", input.name,
+               type.str());
+  }
+  for (const Node& node : graph.nodes())
+    if (node.kind == NodeKind::op && node.def && node.def->random && !node.attrs.has("seed")) {
+      KILN_CHECK(random_input, "verify: random op {} draws from the random input, which the graph lacks", node.op);
+      KILN_CHECK(node.attrs.has("offset") && std::holds_alternative<int64_t>(node.attrs.get("offset")),
+                 "verify: random op {} needs an int offset (from the random input's), has {}", node.op,
+                 attrs_text(node.attrs));
+    }
   for (size_t i = 0; i < graph.outputs().size(); ++i)
     KILN_CHECK(exists(graph, graph.outputs()[i]), "verify: output {} (node {}, output {}) does not exist", i,
                graph.outputs()[i].node, graph.outputs()[i].output);
