@@ -66,34 +66,46 @@ Program::Program(Graph graph, int jobs) : graph_(std::move(graph)) {
 
 void Program::plan_releases() {
   constexpr int32_t kKeep = std::numeric_limits<int32_t>::max();
-  const size_t num_nodes = graph_.nodes().size();
-  std::vector<int32_t> last_use(num_nodes, -1), defined_at(num_nodes, -1);
-  auto use = [&](int32_t node, int32_t step) {
-    if (node >= 0 && last_use[static_cast<size_t>(node)] != kKeep) last_use[static_cast<size_t>(node)] = step;
+  const std::vector<Node>& nodes = graph_.nodes();
+  // Per node, per output: the last step that reads it, and the step that makes it.
+  std::vector<std::vector<int32_t>> last_use(nodes.size());
+  std::vector<int32_t> defined_at(nodes.size(), -1);
+  for (size_t n = 0; n < nodes.size(); ++n) last_use[n].assign(nodes[n].outputs.size(), -1);
+  auto slot = [&](Value v) -> int32_t& { return last_use.at(static_cast<size_t>(v.node)).at(static_cast<size_t>(v.output)); };
+  auto use = [&](Value v, int32_t step) {
+    if (v.defined() && slot(v) != kKeep) slot(v) = step;
   };
-  for (Value v : graph_.outputs()) last_use[static_cast<size_t>(v.node)] = kKeep;
+  for (Value v : graph_.outputs()) slot(v) = kKeep;
   for (const auto& [input, value] : graph_.write_backs()) {
-    last_use[static_cast<size_t>(input.node)] = kKeep;
-    last_use[static_cast<size_t>(value.node)] = kKeep;
+    slot(input) = kKeep;
+    slot(value) = kKeep;
   }
   for (size_t s = 0; s < steps_.size(); ++s) {
     const auto step = static_cast<int32_t>(s);
     const FusionGroup& group = steps_[s];
     if (group.is_kernel()) {
-      for (int32_t b : group.kernel.input_buffers()) use(group.kernel.buffers[static_cast<size_t>(b)].node, step);
+      for (int32_t b : group.kernel.input_buffers()) {
+        const codegen::Buffer& in = group.kernel.buffers[static_cast<size_t>(b)];
+        use({in.node, in.output_index}, step);
+      }
       for (int32_t b : group.kernel.output_buffers())
         defined_at[static_cast<size_t>(group.kernel.buffers[static_cast<size_t>(b)].node)] = step;
     } else {
       const int32_t n = group.nodes.at(0);
-      for (Value v : graph_.nodes()[static_cast<size_t>(n)].inputs) use(v.node, step);
+      for (Value v : nodes[static_cast<size_t>(n)].inputs) use(v, step);
       defined_at[static_cast<size_t>(n)] = step;
     }
   }
   release_after_.assign(steps_.size(), {});
-  for (size_t n = 0; n < num_nodes; ++n) {
-    if (graph_.nodes()[n].kind != NodeKind::op || last_use[n] == kKeep) continue;
-    const int32_t after = last_use[n] >= 0 ? std::max(last_use[n], defined_at[n]) : defined_at[n];
-    if (after >= 0) release_after_[static_cast<size_t>(after)].push_back(static_cast<int32_t>(n));
+  for (size_t n = 0; n < nodes.size(); ++n) {
+    if (nodes[n].kind != NodeKind::op) continue;
+    for (size_t o = 0; o < last_use[n].size(); ++o) {
+      const int32_t last = last_use[n][o];
+      if (last == kKeep) continue;
+      const int32_t after = last >= 0 ? std::max(last, defined_at[n]) : defined_at[n];
+      if (after >= 0)
+        release_after_[static_cast<size_t>(after)].push_back({static_cast<int32_t>(n), static_cast<int32_t>(o)});
+    }
   }
 }
 
@@ -228,6 +240,12 @@ std::vector<Tensor> Program::run(const std::vector<Tensor>& inputs) const {
 
   const RandomBase base = random_base(g, inputs);  // random ops are eager steps: call_attrs
   Attrs random_attrs;
+  auto release = [&](size_t s) {
+    for (Value r : release_after_[s]) {
+      std::vector<Tensor>& outs = values[static_cast<size_t>(r.node)];
+      if (static_cast<size_t>(r.output) < outs.size()) outs[static_cast<size_t>(r.output)] = Tensor();
+    }
+  };
   const std::unordered_set<const StorageImpl*> shared = shared_storages(inputs);
   auto writable = [&](const Tensor& t) { return !shared.contains(t.storage().get()); };
 
@@ -280,7 +298,7 @@ std::vector<Tensor> Program::run(const std::vector<Tensor>& inputs) const {
       if (out.empty()) out = call_op(def, std::move(args), attrs);
       KILN_CHECK(out.size() == node.outputs.size(), "Program::run: {} made {} outputs, the graph says {}",
                  node.op, out.size(), node.outputs.size());
-      for (int32_t r : release_after_[s]) values[static_cast<size_t>(r)].clear();
+      release(s);
       clock_step(s);
       continue;
     }
@@ -313,7 +331,7 @@ std::vector<Tensor> Program::run(const std::vector<Tensor>& inputs) const {
       codegen::run_kernel(k.compiled, kernel, kernel_inputs, kernel_outputs);
     kernel_inputs.clear();
     kernel_outputs.clear();
-    for (int32_t n : release_after_[s]) values[static_cast<size_t>(n)].clear();
+    release(s);
     clock_step(s);
   }
 

@@ -290,3 +290,28 @@ TEST_CASE("program runs an optimizer's pure update in place through its in-place
   INFO(text);
   CHECK(text.find("(in place: sgd_update_)") != std::string::npos);
 }
+
+TEST_CASE("program drops each output of a node after its own last use", "[program]") {
+  // sort makes values and indices; only the indices are returned. The values (4 MiB) must
+  // go when nothing reads them, not live on beside the indices until the end of the run.
+  TempCache cache;
+  auto fn = [](const Args& a) -> Args {
+    const auto [values, indices] = sort(a[0], 1);
+    return {indices, a[0] * 2};  // the product's 4 MiB come after the sort
+  };
+  const Tensor x = randn({1024, 1024});
+  const Program program(simplified_trace(fn, {x}));
+  const int64_t before = memory_stats(DeviceType::cpu).allocated;
+  reset_peak_memory(DeviceType::cpu);
+  Args out = program.run({x});
+  const int64_t peak = memory_stats(DeviceType::cpu).peak - before;
+  const int64_t mib = 1 << 20;
+  // Live at once at most: the sort's values and indices (4 + 8 MiB, plus the sort's own
+  // scratch), then the indices and the product (8 + 4 MiB). Held per node, the values would
+  // stay alive beside the product: 16 MiB.
+  INFO("peak above the inputs: " << peak << " bytes");
+  CHECK(peak < 14 * mib);
+  REQUIRE(out.size() == 2);
+  KILN_CHECK_EQUAL(out[0], sort(x, 1).second);
+  KILN_CHECK_EQUAL(out[1], x * 2);
+}
