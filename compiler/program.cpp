@@ -54,6 +54,7 @@ Program::Program(Graph graph, int jobs) : graph_(std::move(graph)) {
     if (graph_.type(v).device.is_cuda()) gpu_ = graph_.type(v).device.index;
   plan_releases();
   plan_in_place();
+  plan_reuse();
   const std::vector<codegen::CompiledKernel> compiled = codegen::compile_cpp_batch(cpp_sources, jobs);
   for (size_t i = 0; i < cpp_kernels.size(); ++i) kernels_[cpp_kernels[i]].compiled = compiled[i];
   for (const auto& [device, ks] : cuda_kernels) {
@@ -206,7 +207,59 @@ void Program::plan_in_place() {
   }
 }
 
+void Program::plan_reuse() {
+  const std::vector<Node>& nodes = graph_.nodes();
+  reuse_input_.assign(steps_.size(), {});
+  for (size_t s = 0; s < steps_.size(); ++s) {
+    const FusionGroup& group = steps_[s];
+    if (group.kind != FusionGroup::pointwise) continue;
+    const codegen::Kernel& k = group.kernel;
+    const std::vector<int32_t> ins = k.input_buffers(), outs = k.output_buffers();
+    std::vector<int32_t>& plan = reuse_input_[s];
+    plan.assign(outs.size(), -1);
+    std::vector<bool> taken(ins.size(), false);
+    for (size_t j = 0; j < outs.size(); ++j) {
+      if (in_place_outputs_[s][j] >= 0) continue;  // computed into a graph input already
+      const codegen::Buffer& out = k.buffers[static_cast<size_t>(outs[j])];
+      const TensorType& type = nodes[static_cast<size_t>(out.node)].outputs.at(static_cast<size_t>(out.output_index));
+      for (size_t r = 0; r < ins.size() && plan[j] < 0; ++r) {
+        const codegen::Buffer& in = k.buffers[static_cast<size_t>(ins[r])];
+        const Value v{in.node, in.output_index};
+        const Node& maker = nodes[static_cast<size_t>(in.node)];
+        const std::vector<Value>& dying = release_after_[s];
+        if (taken[r] || maker.kind != NodeKind::op || !in.views.empty() || in.dim_of != out.dim_of ||
+            maker.outputs.at(static_cast<size_t>(in.output_index)) != type ||
+            std::find(dying.begin(), dying.end(), v) == dying.end())
+          continue;
+        // Read through a second buffer (another view of it) by this kernel: not only at
+        // the element written.
+        bool read_twice = false;
+        for (size_t q = 0; q < ins.size(); ++q) {
+          const codegen::Buffer& other = k.buffers[static_cast<size_t>(ins[q])];
+          read_twice |= q != r && other.node == in.node && other.output_index == in.output_index;
+        }
+        if (read_twice) continue;
+        plan[j] = static_cast<int32_t>(r);
+        taken[r] = true;
+      }
+    }
+  }
+}
+
 namespace {
+
+// Whether t's memory can be overwritten by a kernel output of `type`: the program's two
+// handles (its value slot and the kernel's argument) are the only ones, no view or other
+// tensor shares the storage, and t is dense in the type's layout.
+bool reusable(const Tensor& t, const TensorType& type) {
+  if (!t.defined() || t.impl_ptr().use_count() != 2 || t.storage().use_count() != 1 || t.impl()->view_base ||
+      t.impl()->autograd || t.offset() != 0)
+    return false;
+  const Shape strides = strides_for(type.shape, type.memory_format());
+  for (size_t d = 0; d < strides.size(); ++d)
+    if (type.shape[d] != 1 && t.strides()[d] != strides[d]) return false;
+  return t.storage()->nbytes == static_cast<size_t>(t.numel()) * itemsize(t.dtype());
+}
 
 // The storages that two or more graph inputs share: writing an input in place there could
 // change what another input reads, so those write-backs keep their fresh output and copy.
@@ -314,9 +367,13 @@ std::vector<Tensor> Program::run(const std::vector<Tensor>& inputs) const {
       const codegen::Buffer& buffer = kernel.buffers[static_cast<size_t>(output_buffers[j])];
       const TensorType& type = nodes[static_cast<size_t>(buffer.node)].outputs.at(static_cast<size_t>(buffer.output_index));
       const int32_t target = in_place[j];
+      const int32_t reuse = reuse_input_[s].empty() ? -1 : reuse_input_[s][j];
       Tensor out;
       if (target >= 0 && writable(inputs[static_cast<size_t>(target)])) {
         out = inputs[static_cast<size_t>(target)];  // the write-back, done by the kernel itself
+      } else if (reuse >= 0 && reusable(kernel_inputs[static_cast<size_t>(reuse)], type)) {
+        out = kernel_inputs[static_cast<size_t>(reuse)];  // a dying input's memory
+        out.impl()->wrapped_number = type.wrapped_number;
       } else {
         out = make_tensor(type.shape, type.dtype, type.device, type.memory_format());
         out.impl()->wrapped_number = type.wrapped_number;
@@ -426,13 +483,20 @@ std::string Program::describe() const {
       std::vector<int32_t> stored;
       std::vector<std::string> in_place;
       const std::vector<int32_t> outs = step.kernel.output_buffers();
+      std::vector<std::string> reused;
+      const std::vector<int32_t> ins = step.kernel.input_buffers();
       for (size_t j = 0; j < outs.size(); ++j) {
         stored.push_back(step.kernel.buffers[static_cast<size_t>(outs[j])].node);
         if (in_place_outputs_[s][j] >= 0) in_place.push_back(into(in_place_outputs_[s][j]));
+        if (!reuse_input_[s].empty() && reuse_input_[s][j] >= 0) {
+          const codegen::Buffer& in = step.kernel.buffers[static_cast<size_t>(ins[static_cast<size_t>(reuse_input_[s][j])])];
+          reused.push_back(fmt::format("%{}", g.value_number({in.node, in.output_index})));
+        }
       }
-      out += fmt::format("  {:<9} {} over {}: {} -> {}{}\n", kind_name(step.kind), kernel_name(kernel_of_[s]),
+      out += fmt::format("  {:<9} {} over {}: {} -> {}{}{}\n", kind_name(step.kind), kernel_name(kernel_of_[s]),
                          shape_str(step.kernel.shape), numbers(step.nodes), numbers(stored),
-                         in_place.empty() ? "" : fmt::format(" (in place into {})", fmt::join(in_place, " ")));
+                         in_place.empty() ? "" : fmt::format(" (in place into {})", fmt::join(in_place, " ")),
+                         reused.empty() ? "" : fmt::format(" (over {})", fmt::join(reused, " ")));
     } else {
       const Node& node = g.nodes()[static_cast<size_t>(step.nodes[0])];
       std::string in_place = in_place_op_[s] ? fmt::format(" (in place: {})", in_place_op_[s]->name) : "";

@@ -8,9 +8,9 @@
 // them all in one parallel batch through the kernel cache (compiler/codegen/jit.h), so a
 // graph built before compiles nothing. run() does what interpret() does for the same graph
 // and inputs (the same input checks, write-backs and returned tensors), except that kernel
-// groups run their compiled kernel into fresh contiguous outputs, or straight into the input
-// a value is written back to (see in_place_outputs_); eager and view steps go through
-// call_op.
+// groups run their compiled kernel into fresh outputs, straight into the input a value is
+// written back to (see in_place_outputs_), or over an input value that dies there (see
+// reuse_input_); eager and view steps go through call_op.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -60,6 +60,7 @@ class Program {
  private:
   void plan_releases();
   void plan_in_place();
+  void plan_reuse();
   struct KernelStep {
     int32_t step = -1;  // index into steps_
     Device device;      // where its outputs live: the CPU (C++ target) or a GPU (CUDA target)
@@ -88,6 +89,13 @@ class Program {
   // Per eager step of one output written back to an input the step does not read: that
   // input, which the op writes its result into (call_op_out), or -1.
   std::vector<int32_t> in_place_eager_;
+  // Buffer reuse (the memory plan's second rule): per pointwise kernel step, per output
+  // buffer, the position among the kernel's input buffers of a value of the same type that
+  // dies at this step and is read only at the element the output writes (-1: none); the
+  // output takes that value's memory instead of a fresh tensor, as a relu backward can
+  // write its gradient over the incoming one. run() also checks that nothing else holds
+  // the memory (no view, no returned tensor, no graph input).
+  std::vector<std::vector<int32_t>> reuse_input_;
   int gpu_ = -1;  // the GPU the graph's tensors are on (-1: none): profiling waits for it
   bool profiling_ = false;
   mutable std::vector<double> step_ms_;  // per step: total milliseconds while profiling

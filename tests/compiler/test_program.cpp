@@ -315,3 +315,41 @@ TEST_CASE("program drops each output of a node after its own last use", "[progra
   KILN_CHECK_EQUAL(out[0], sort(x, 1).second);
   KILN_CHECK_EQUAL(out[1], x * 2);
 }
+
+TEST_CASE("program writes a kernel's output over an input value that dies there", "[program]") {
+  TempCache cache;
+  const Tensor x = randn({1024, 64}), w = randn({64, 1024});
+  const int64_t mib = 1 << 20;
+  {
+    // mm's product (4 MiB) dies at the kernel, which reads it where it writes: one buffer.
+    auto fn = [](const Args& a) -> Args { return {relu(mm(a[0], a[1])) + 1}; };
+    const Program program(simplified_trace(fn, {x, w}));
+    INFO(program.describe());
+    CHECK(program.describe().find("(over %") != std::string::npos);
+    const int64_t before = memory_stats(DeviceType::cpu).allocated;
+    reset_peak_memory(DeviceType::cpu);
+    Args out = program.run({x, w});
+    CHECK(memory_stats(DeviceType::cpu).peak - before < 5 * mib);
+    KILN_CHECK_EQUAL(out.at(0), relu(mm(x, w)) + 1);
+  }
+  // The product is also returned, or viewed by a returned tensor: it keeps its memory.
+  auto returned = [](const Args& a) -> Args {
+    Tensor t = mm(a[0], a[1]);
+    return {relu(t) + 1, t};
+  };
+  auto viewed = [](const Args& a) -> Args {
+    Tensor t = mm(a[0], a[1]);
+    Tensor v = t.t();
+    return {relu(t) + 1, v};
+  };
+  for (const TracedFunction& fn : {TracedFunction(returned), TracedFunction(viewed)}) {
+    const Program program(simplified_trace(fn, {x, w}));
+    INFO(program.describe());
+    const Args out = program.run({x, w});
+    const Args expected = fn({x, w});
+    REQUIRE(out.size() == 2);
+    KILN_CHECK_EQUAL(out[0], expected[0]);
+    KILN_CHECK_EQUAL(out[1], expected[1]);
+    CHECK(out[0].data_ptr() != out[1].data_ptr());
+  }
+}
