@@ -55,6 +55,7 @@ Program::Program(Graph graph, int jobs) : graph_(std::move(graph)) {
   plan_releases();
   plan_in_place();
   plan_reuse();
+  plan_peak();
   const std::vector<codegen::CompiledKernel> compiled = codegen::compile_cpp_batch(cpp_sources, jobs);
   for (size_t i = 0; i < cpp_kernels.size(); ++i) kernels_[cpp_kernels[i]].compiled = compiled[i];
   for (const auto& [device, ks] : cuda_kernels) {
@@ -242,6 +243,64 @@ void Program::plan_reuse() {
         plan[j] = static_cast<int32_t>(r);
         taken[r] = true;
       }
+    }
+  }
+}
+
+void Program::plan_peak() {
+  // Values map to buffers: a fresh output makes one, a view or a reused input shares its
+  // base's, a write-back computed in place uses the graph input's (not counted). A buffer
+  // is freed when the last value on it is released.
+  const std::vector<Node>& nodes = graph_.nodes();
+  std::map<Value, int32_t> buffer_of;
+  std::vector<int64_t> bytes;
+  std::vector<int32_t> holders;
+  int64_t live = 0;
+  planned_peak_bytes_ = 0;
+  auto fresh = [&](Value v) {
+    const TensorType& t = nodes[static_cast<size_t>(v.node)].outputs.at(static_cast<size_t>(v.output));
+    buffer_of[v] = static_cast<int32_t>(bytes.size());
+    bytes.push_back(t.defined ? numel_of(t.shape) * static_cast<int64_t>(itemsize(t.dtype)) : 0);
+    holders.push_back(1);
+    live += bytes.back();
+  };
+  auto share = [&](Value v, Value with) {
+    const auto it = buffer_of.find(with);
+    if (it == buffer_of.end()) return;  // a graph input's memory, or a constant
+    buffer_of[v] = it->second;
+    ++holders[static_cast<size_t>(it->second)];
+  };
+  for (size_t s = 0; s < steps_.size(); ++s) {
+    const FusionGroup& group = steps_[s];
+    if (group.is_kernel()) {
+      const codegen::Kernel& k = group.kernel;
+      const std::vector<int32_t> ins = k.input_buffers(), outs = k.output_buffers();
+      for (size_t j = 0; j < outs.size(); ++j) {
+        const codegen::Buffer& out = k.buffers[static_cast<size_t>(outs[j])];
+        const int32_t reuse = reuse_input_[s].empty() ? -1 : reuse_input_[s][j];
+        if (in_place_outputs_[s][j] >= 0) continue;
+        if (reuse >= 0) {
+          const codegen::Buffer& in = k.buffers[static_cast<size_t>(ins[static_cast<size_t>(reuse)])];
+          share({out.node, out.output_index}, {in.node, in.output_index});
+        } else {
+          fresh({out.node, out.output_index});
+        }
+      }
+    } else {
+      const int32_t n = group.nodes.at(0);
+      const Node& node = nodes[static_cast<size_t>(n)];
+      if (group.kind == FusionGroup::view) {
+        share({n, 0}, node.inputs.at(0));
+      } else if (!in_place_op_[s] && in_place_eager_[s] < 0) {
+        for (size_t o = 0; o < node.outputs.size(); ++o) fresh({n, static_cast<int32_t>(o)});
+      }
+    }
+    planned_peak_bytes_ = std::max(planned_peak_bytes_, live);
+    for (Value r : release_after_[s]) {
+      const auto it = buffer_of.find(r);
+      if (it == buffer_of.end()) continue;
+      if (--holders[static_cast<size_t>(it->second)] == 0) live -= bytes[static_cast<size_t>(it->second)];
+      buffer_of.erase(it);
     }
   }
 }
@@ -466,8 +525,9 @@ std::string Program::describe() const {
     eager += s.kind == FusionGroup::eager;
     views += s.kind == FusionGroup::view;
   }
-  std::string out = fmt::format("program: {} steps for {} op nodes: {} kernels, {} eager, {} views\n", steps_.size(),
-                                ops, num_kernels(), eager, views);
+  std::string out = fmt::format("program: {} steps for {} op nodes: {} kernels, {} eager, {} views; planned peak {:.2f} MiB\n",
+                                steps_.size(), ops, num_kernels(), eager, views,
+                                static_cast<double>(planned_peak_bytes_) / 1048576.0);
   auto numbers = [&](const std::vector<int32_t>& nodes) {
     std::vector<std::string> text;
     for (int32_t n : nodes) text.push_back(fmt::format("%{}", g.value_number({n, 0})));

@@ -48,6 +48,11 @@ class Program {
   std::string kernels_text() const;
   std::string sources_text() const;
 
+  // The memory plan's peak: the most bytes of values made by the program alive at once
+  // (graph inputs and library ops' scratch not counted), with the in-place write-backs and
+  // buffer reuse planned; views cost nothing, outputs live to the end.
+  int64_t planned_peak_bytes() const { return planned_peak_bytes_; }
+
   // One line per step: kernels with their kind, space and nodes, eager ops, views.
   std::string describe() const;
 
@@ -61,6 +66,7 @@ class Program {
   void plan_releases();
   void plan_in_place();
   void plan_reuse();
+  void plan_peak();
   struct KernelStep {
     int32_t step = -1;  // index into steps_
     Device device;      // where its outputs live: the CPU (C++ target) or a GPU (CUDA target)
@@ -96,6 +102,7 @@ class Program {
   // write its gradient over the incoming one. run() also checks that nothing else holds
   // the memory (no view, no returned tensor, no graph input).
   std::vector<std::vector<int32_t>> reuse_input_;
+  int64_t planned_peak_bytes_ = 0;
   int gpu_ = -1;  // the GPU the graph's tensors are on (-1: none): profiling waits for it
   bool profiling_ = false;
   mutable std::vector<double> step_ms_;  // per step: total milliseconds while profiling

@@ -311,6 +311,7 @@ TEST_CASE("program drops each output of a node after its own last use", "[progra
   // stay alive beside the product: 16 MiB.
   INFO("peak above the inputs: " << peak << " bytes");
   CHECK(peak < 14 * mib);
+  CHECK(program.planned_peak_bytes() == 12 * mib);  // the plan knows it: 4 + 8, then 8 + 4
   REQUIRE(out.size() == 2);
   KILN_CHECK_EQUAL(out[0], sort(x, 1).second);
   KILN_CHECK_EQUAL(out[1], x * 2);
@@ -330,6 +331,7 @@ TEST_CASE("program writes a kernel's output over an input value that dies there"
     reset_peak_memory(DeviceType::cpu);
     Args out = program.run({x, w});
     CHECK(memory_stats(DeviceType::cpu).peak - before < 5 * mib);
+    CHECK(program.planned_peak_bytes() == 4 * mib);
     KILN_CHECK_EQUAL(out.at(0), relu(mm(x, w)) + 1);
   }
   // The product is also returned, or viewed by a returned tensor: it keeps its memory.
