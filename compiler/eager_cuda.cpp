@@ -27,6 +27,7 @@
 #include "compiler/codegen/lower.h"
 #include "compiler/ir/graph.h"
 #include "core/ops/factory.h"
+#include "core/ops/optim_ops.h"
 #include "core/ops/elementwise.h"
 #include "core/ops/reduce.h"
 #include "core/registry.h"
@@ -343,6 +344,46 @@ void adamw_update_inplace(Span in, Span, const Attrs& attrs) {
 }
 void adamw_update(Span in, Span out, const Attrs& attrs) { run_adamw(in, out, attrs); }
 
+// The multi-tensor forms (sgd_update_multi_ and kin) run the per-parameter kernel above for
+// each parameter in turn: one launch per parameter still, but obviously the single op's
+// numbers. A fused multi-tensor CUDA kernel (one launch over a table of pointers) is left
+// for when a GPU can test it.
+void sgd_update_multi_inplace(Span in, Span, const Attrs& attrs) {
+  const int64_t n = attrs.i("count");
+  for (int64_t k = 0; k < n; ++k) {
+    const std::vector<Tensor> single = sgd_single_inputs(in, n, k);
+    run_sgd(single, single[0], single[2], attrs);
+  }
+}
+// out: (new_param x N, new_momentum_buffer x N if given).
+void sgd_update_multi(Span in, Span out, const Attrs& attrs) {
+  const int64_t n = attrs.i("count");
+  for (int64_t k = 0; k < n; ++k) {
+    const Tensor buf = static_cast<int64_t>(out.size()) > n ? out[static_cast<size_t>(n + k)] : Tensor();
+    run_sgd(sgd_single_inputs(in, n, k), out[static_cast<size_t>(k)], buf, attrs);
+  }
+}
+void adamw_update_multi_inplace(Span in, Span, const Attrs& attrs) {
+  const int64_t n = attrs.i("count");
+  for (int64_t k = 0; k < n; ++k) {
+    const std::vector<Tensor> single = adamw_single_inputs(in, n, k);
+    const Tensor out[] = {single[0], single[2], single[3], single[4]};
+    run_adamw(single, out, attrs);
+  }
+}
+// out: (new_param x N, new_exp_avg x N, new_exp_avg_sq x N, new_max_exp_avg_sq x N if given).
+void adamw_update_multi(Span in, Span out, const Attrs& attrs) {
+  const int64_t n = attrs.i("count");
+  for (int64_t k = 0; k < n; ++k) {
+    std::vector<Tensor> outs;
+    for (int64_t role = 0; role < 4; ++role) {
+      const auto i = static_cast<size_t>(role * n + k);
+      outs.push_back(i < out.size() ? out[i] : Tensor());
+    }
+    run_adamw(adamw_single_inputs(in, n, k), outs, attrs);
+  }
+}
+
 // One kernel function per op (the registry's kernels are plain function pointers).
 constexpr const char* kPointwise[] = {
     "neg", "abs", "sign", "relu", "exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "reciprocal", "sin",
@@ -370,6 +411,10 @@ void register_all(std::index_sequence<I...>, std::index_sequence<R...>) {
   register_kernel("sgd_update", DeviceType::cuda, sgd_update);
   register_kernel("adamw_update_", DeviceType::cuda, adamw_update_inplace);
   register_kernel("adamw_update", DeviceType::cuda, adamw_update);
+  register_kernel("sgd_update_multi_", DeviceType::cuda, sgd_update_multi_inplace);
+  register_kernel("sgd_update_multi", DeviceType::cuda, sgd_update_multi);
+  register_kernel("adamw_update_multi_", DeviceType::cuda, adamw_update_multi_inplace);
+  register_kernel("adamw_update_multi", DeviceType::cuda, adamw_update_multi);
 }
 
 struct Registrar {

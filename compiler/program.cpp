@@ -189,13 +189,13 @@ void Program::plan_in_place() {
     }
     const OpDef* twin = nullptr;
     for (const OpDef* def : all_ops())
-      if (def->name == node.op + "_" && !def->mutated_inputs.empty()) twin = def;
+      if (def->name == node.op + "_" && def->mutates_inputs()) twin = def;
     if (!twin) continue;
     // The pure op's outputs are the new values of the twin's mutated inputs that are given,
     // in order: each must be written back to exactly that input, read by no later step.
     bool ok = true;
     size_t output = 0;
-    for (int m : twin->mutated_inputs) {
+    for (int m : twin->mutated(node.attrs)) {
       const Value in = node.inputs.at(static_cast<size_t>(m));
       if (!in.defined()) continue;
       const auto it = input_of_node.find(in.node);
@@ -391,7 +391,7 @@ std::vector<Tensor> Program::run(const std::vector<Tensor>& inputs) const {
         // The in-place twin updates the inputs the pure op would return new copies of, when
         // they can be written as they are (contiguous, sharing storage with no other input).
         std::vector<Tensor> updated;
-        for (int m : twin->mutated_inputs) {
+        for (int m : twin->mutated(attrs)) {
           const Value v = node.inputs.at(static_cast<size_t>(m));
           if (!v.defined()) continue;
           const Tensor& t = args[static_cast<size_t>(m)];

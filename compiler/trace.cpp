@@ -185,7 +185,7 @@ class Tracer {
 
     Written written;
     if (target) written.insert(target->storage().get());
-    for (int i : op.mutated_inputs)
+    for (int i : op.mutated(call.attrs))
       if (call.inputs[static_cast<size_t>(i)].defined())
         written.insert(call.inputs[static_cast<size_t>(i)].storage().get());
 
@@ -221,7 +221,7 @@ class Tracer {
       return;
     }
     // Inputs a mutating op was allowed to receive (batch norm in eval) kept their content.
-    for (int i : op.mutated_inputs) {
+    for (int i : op.mutated(call.attrs)) {
       const Tensor& t = call.inputs[static_cast<size_t>(i)];
       if (!t.defined()) continue;
       Known* k = find(t);
@@ -335,11 +335,13 @@ class Tracer {
   }
 
   // Ops whose kernel writes their mutated inputs with no outputs of their own (an
-  // optimizer's per-parameter update), and the pure op that returns the new values of the
-  // given mutated inputs, in input order, from the same inputs.
+  // optimizer's update of one parameter, or of a group's parameters), and the pure op that
+  // returns the new values of the given mutated inputs, in input order, from the same inputs.
   static const char* pure_twin_of(const std::string& op) {
     if (op == "sgd_update_") return "sgd_update";
     if (op == "adamw_update_") return "adamw_update";
+    if (op == "sgd_update_multi_") return "sgd_update_multi";
+    if (op == "adamw_update_multi_") return "adamw_update_multi";
     return nullptr;
   }
 
@@ -352,7 +354,7 @@ class Tracer {
     const OpDef& op = call.op;
     std::vector<const Tensor*> targets;
     Written written;
-    for (int i : op.mutated_inputs) {
+    for (int i : op.mutated(call.attrs)) {
       const Tensor& t = call.inputs[static_cast<size_t>(i)];
       if (!t.defined()) continue;
       KILN_CHECK(!t.impl()->view_base,
@@ -411,7 +413,7 @@ class Tracer {
   static void refuse_mutation(const OpCall& call) {
     const OpDef& op = call.op;
     bool writes = false;
-    for (int i : op.mutated_inputs) writes |= call.inputs[static_cast<size_t>(i)].defined();
+    for (int i : op.mutated(call.attrs)) writes |= call.inputs[static_cast<size_t>(i)].defined();
     if (!writes) return;
     const bool training = !call.attrs.has("training") || call.attrs.b("training");
     KILN_CHECK(!training,

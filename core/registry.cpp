@@ -264,7 +264,7 @@ static std::vector<Tensor> run_op(const OpDef& op, std::vector<Tensor> inputs, c
     DepthScope scope;
     kernel(inputs, outputs, attrs);
   }
-  for (int i : op.mutated_inputs)
+  for (int i : op.mutated(attrs))
     if (inputs.at(i).defined()) bump_version(inputs.at(i));
   after_op(OpCall{op, inputs, attrs, outputs, false});
   return outputs;

@@ -106,11 +106,20 @@ struct OpDef {
   ViewFn view = nullptr;
   // Inputs the op writes in place (batch norm's running statistics, say).
   std::vector<int> mutated_inputs;
+  // For ops whose written inputs depend on the call (a multi-tensor optimizer update of
+  // `count` parameters): says them from the call's attributes, in place of mutated_inputs.
+  std::vector<int> (*mutated_inputs_of)(const Attrs& attrs) = nullptr;
   // Reads the random generator (its seed and offset are attributes of the call).
   bool random = false;
   std::array<KernelFn, kNumDeviceTypes> kernels{};
   const BackwardFormula* backward = nullptr;  // set by autograd/
   bool backward_reads_inputs = false;         // the formula needs the inputs' values
+
+  // The inputs a call with `attrs` writes in place.
+  std::vector<int> mutated(const Attrs& attrs) const {
+    return mutated_inputs_of ? mutated_inputs_of(attrs) : mutated_inputs;
+  }
+  bool mutates_inputs() const { return mutated_inputs_of || !mutated_inputs.empty(); }
 };
 
 // Declares an op (once, from a static initializer in core/ops/). Returns a reference that

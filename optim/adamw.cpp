@@ -1,5 +1,7 @@
 #include "optim/adamw.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "core/ops/factory.h"
 #include "core/ops/optim_ops.h"
@@ -42,16 +44,26 @@ void AdamW::check_group(const ParamGroup& group) const {
   KILN_CHECK(group.weight_decay() >= 0, "AdamW: invalid weight_decay {}", group.weight_decay());
 }
 
-// Each parameter's update is the step count's add_(1) and one adamw_update_ call through
-// the registry, both reading tensors (the state's "step", the group's hyperparameters), so
-// that a traced step records them (compiler/trace.h) with the step count and the bias
-// corrections as runtime values. State is made (zeros) on a parameter's first update: a
-// step traced then would bake that in, so compile a training step after one eager step.
+// Each parameter's step count is incremented by its own add_(1), then a group's update is
+// one adamw_update_multi_ call through the registry (adamw_update_ for a lone parameter),
+// all reading tensors (the states' "step", the group's hyperparameters), so that a traced
+// step records them (compiler/trace.h) with the step counts and the bias corrections as
+// runtime values, and one update node per group. State is made (zeros) on a parameter's
+// first update: a step traced then would bake that in, so compile a training step after one
+// eager step. Parameters that differ in dtype or device go to separate calls (the multi op
+// takes one kind); each parameter's numbers are the same either way.
 void AdamW::step_group(const ParamGroup& group, const std::vector<Tensor>& params,
                        const std::vector<Tensor>& grads, const std::vector<ParamState*>& states) {
   const AdamWHyper hyper{group.hyper.at("lr"), group.hyper.at("beta1"), group.hyper.at("beta2"),
                          group.hyper.at("eps"), group.hyper.at("weight_decay")};
   const AdamWFlags flags{group.get("amsgrad") != 0, group.get("maximize") != 0};
+  struct Call {
+    DType dtype;
+    Device device;
+    std::vector<Tensor> params, grads;
+    std::vector<AdamWState> states;
+  };
+  std::vector<Call> calls;
   for (size_t i = 0; i < params.size(); ++i) {
     const Tensor& p = params[i];
     ParamState& state = *states[i];
@@ -61,7 +73,18 @@ void AdamW::step_group(const ParamGroup& group, const std::vector<Tensor>& param
     const AdamWState moments{state_tensor(state, "exp_avg", p), state_tensor(state, "exp_avg_sq", p),
                              flags.amsgrad ? state_tensor(state, "max_exp_avg_sq", p) : Tensor(),
                              step};
-    adamw_update_(p, grads[i], moments, hyper, flags);
+    auto call = std::find_if(calls.begin(), calls.end(),
+                             [&](const Call& c) { return c.dtype == p.dtype() && c.device == p.device(); });
+    if (call == calls.end()) call = calls.insert(calls.end(), Call{p.dtype(), p.device(), {}, {}, {}});
+    call->params.push_back(p);
+    call->grads.push_back(grads[i]);
+    call->states.push_back(moments);
+  }
+  for (const Call& c : calls) {
+    if (c.params.size() == 1)
+      adamw_update_(c.params[0], c.grads[0], c.states[0], hyper, flags);
+    else
+      adamw_update_multi_(c.params, c.grads, c.states, hyper, flags);
   }
 }
 

@@ -1,5 +1,7 @@
 #include "optim/sgd.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "core/ops/factory.h"
 #include "core/ops/optim_ops.h"
@@ -36,26 +38,49 @@ void SGD::check_group(const ParamGroup& group) const {
                group.get("momentum"), group.get("dampening"));
 }
 
-// Each parameter's update is one sgd_update_ call through the registry, reading the group's
-// hyperparameter tensors, so that a traced step records it (compiler/trace.h). A momentum
-// buffer is made (zeros) on a parameter's first update and the call says so (`first`): a
-// step traced then would bake that in, so compile a training step after one eager step.
+// A group's update is one sgd_update_multi_ call through the registry (sgd_update_ for a
+// lone parameter), reading the group's hyperparameter tensors, so that a traced step records
+// one node per group (compiler/trace.h). A momentum buffer is made (zeros) on a parameter's
+// first update and the call says so (`first`): a step traced then would bake that in, so
+// compile a training step after one eager step. Parameters that differ in dtype, device or
+// `first` go to separate calls (the multi op takes one kind); each parameter's numbers are
+// the same either way.
 void SGD::step_group(const ParamGroup& group, const std::vector<Tensor>& params,
                      const std::vector<Tensor>& grads, const std::vector<ParamState*>& states) {
   const SGDHyper hyper{group.hyper.at("lr"), group.hyper.at("momentum"),
                        group.hyper.at("dampening"), group.hyper.at("weight_decay")};
   const bool uses_momentum = group.get("momentum") != 0;
+  struct Call {
+    DType dtype;
+    Device device;
+    bool first;
+    std::vector<Tensor> params, grads, buffers;
+  };
+  std::vector<Call> calls;
   for (size_t i = 0; i < params.size(); ++i) {
     const Tensor& p = params[i];
     Tensor buf;
-    SGDFlags flags{group.get("nesterov") != 0, group.get("maximize") != 0, false};
+    bool first = false;
     if (uses_momentum) {
       auto it = states[i]->find("momentum_buffer");
-      flags.first = it == states[i]->end();
-      if (flags.first) buf = (*states[i])["momentum_buffer"] = zeros_like(p);
+      first = it == states[i]->end();
+      if (first) buf = (*states[i])["momentum_buffer"] = zeros_like(p);
       else buf = it->second;
     }
-    sgd_update_(p, grads[i], buf, hyper, flags);
+    auto call = std::find_if(calls.begin(), calls.end(), [&](const Call& c) {
+      return c.dtype == p.dtype() && c.device == p.device() && c.first == first;
+    });
+    if (call == calls.end()) call = calls.insert(calls.end(), Call{p.dtype(), p.device(), first, {}, {}, {}});
+    call->params.push_back(p);
+    call->grads.push_back(grads[i]);
+    if (uses_momentum) call->buffers.push_back(buf);
+  }
+  for (const Call& c : calls) {
+    const SGDFlags flags{group.get("nesterov") != 0, group.get("maximize") != 0, c.first};
+    if (c.params.size() == 1)
+      sgd_update_(c.params[0], c.grads[0], uses_momentum ? c.buffers[0] : Tensor(), hyper, flags);
+    else
+      sgd_update_multi_(c.params, c.grads, c.buffers, hyper, flags);
   }
 }
 

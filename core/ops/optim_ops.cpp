@@ -132,7 +132,151 @@ std::vector<Tensor> adamw_inputs(const Tensor& param, const Tensor& grad, const 
 }
 Attrs adamw_attrs(AdamWFlags f) { return {{"amsgrad", f.amsgrad}, {"maximize", f.maximize}}; }
 
+// ---- multi-tensor forms ----
+//
+// Inputs: `roles` groups of `count` tensors (role r of parameter k at r * count + k), then
+// the hyperparameters. The single op's inputs are the same roles, one tensor each.
+constexpr int64_t kSGDRoles = 3;    // param, grad, momentum_buffer
+constexpr int64_t kAdamWRoles = 6;  // param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, step
+
+int64_t count_of(const Attrs& a, const char* op) {
+  KILN_CHECK(a.has("count"), "{}: attribute 'count' is required ({})", op, a.to_string());
+  const int64_t count = a.i("count");
+  KILN_CHECK(count >= 1, "{}: count must be at least 1, got {}", op, count);
+  return count;
+}
+
+// Parameter k's share of a multi-tensor input list.
+template <class T>
+std::vector<T> single_slice(std::span<const T> in, int64_t count, int64_t roles, int64_t k) {
+  std::vector<T> out;
+  for (int64_t r = 0; r < roles; ++r) out.push_back(in[static_cast<size_t>(r * count + k)]);
+  out.insert(out.end(), in.begin() + roles * count, in.end());
+  return out;
+}
+
+// The inputs of `roles` for every parameter, role by role: what the in-place form writes
+// (all but the grads and step counts), and so the order of the pure form's outputs.
+std::vector<int> role_inputs(int64_t count, std::initializer_list<int64_t> roles) {
+  std::vector<int> out;
+  for (int64_t r : roles)
+    for (int64_t k = 0; k < count; ++k) out.push_back(static_cast<int>(r * count + k));
+  return out;
+}
+std::vector<int> sgd_multi_mutated(const Attrs& a) { return role_inputs(count_of(a, "sgd_update_multi_"), {0, 2}); }
+std::vector<int> adamw_multi_mutated(const Attrs& a) {
+  return role_inputs(count_of(a, "adamw_update_multi_"), {0, 2, 3, 4});
+}
+
+// Checks every parameter's slice with the single op's rule (errors name the op and the
+// parameter's index), that an optional role is given for all parameters or none, and that
+// all parameters share the first one's dtype and device. Returns the count.
+using SingleCheck = void (*)(std::span<const TensorMeta>, const Attrs&, const char*);
+int64_t check_multi(std::span<const TensorMeta> in, const Attrs& a, const char* op, int64_t roles,
+                    int64_t hypers, int64_t optional_role, SingleCheck check) {
+  const int64_t count = count_of(a, op);
+  KILN_CHECK(static_cast<int64_t>(in.size()) == roles * count + hypers,
+             "{}: expects {} tensors for count {} ({} per parameter, then {} hyperparameters), got {}", op,
+             roles * count + hypers, count, roles, hypers, in.size());
+  const bool optional_given = in[static_cast<size_t>(optional_role * count)].defined;
+  for (int64_t k = 0; k < count; ++k) {
+    const std::string label = fmt::format("{} (parameter {})", op, k);
+    const std::vector<TensorMeta> slice = single_slice(in, count, roles, k);
+    check(slice, a, label.c_str());
+    KILN_CHECK(slice[static_cast<size_t>(optional_role)].defined == optional_given,
+               "{}: an optional state tensor must be given for every parameter or none ({})", label,
+               metas_str(slice));
+    KILN_CHECK(slice[0].dtype == in[0].dtype && slice[0].device == in[0].device,
+               "{}: every parameter must have parameter 0's dtype and device ({}), got {}", label,
+               in[0].str(), slice[0].str());
+  }
+  return count;
+}
+
+// The pure forms' outputs: one parameter-like tensor per given mutated input.
+std::vector<TensorMeta> multi_outputs(std::span<const TensorMeta> in, const std::vector<int>& mutated,
+                                      int64_t count) {
+  std::vector<TensorMeta> out;
+  for (int i : mutated) {
+    const TensorMeta& m = in[static_cast<size_t>(i)];
+    const TensorMeta& param = in[static_cast<size_t>(i % count)];
+    if (m.defined) out.push_back(TensorMeta{param.shape, param.dtype, param.device});
+  }
+  return out;
+}
+
+std::vector<TensorMeta> infer_sgd_update_multi_(std::span<const TensorMeta> in, const Attrs& a) {
+  check_multi(in, a, "sgd_update_multi_", kSGDRoles, 4, 2, check_sgd);
+  return {};
+}
+std::vector<TensorMeta> infer_sgd_update_multi(std::span<const TensorMeta> in, const Attrs& a) {
+  const int64_t count = check_multi(in, a, "sgd_update_multi", kSGDRoles, 4, 2, check_sgd);
+  return multi_outputs(in, role_inputs(count, {0, 2}), count);
+}
+std::vector<TensorMeta> infer_adamw_update_multi_(std::span<const TensorMeta> in, const Attrs& a) {
+  check_multi(in, a, "adamw_update_multi_", kAdamWRoles, 5, 4, check_adamw);
+  return {};
+}
+std::vector<TensorMeta> infer_adamw_update_multi(std::span<const TensorMeta> in, const Attrs& a) {
+  const int64_t count = check_multi(in, a, "adamw_update_multi", kAdamWRoles, 5, 4, check_adamw);
+  return multi_outputs(in, role_inputs(count, {0, 2, 3, 4}), count);
+}
+
+const OpDef& kSGDUpdateMultiInPlace = define_op(
+    {.name = "sgd_update_multi_", .infer = infer_sgd_update_multi_, .mutated_inputs_of = sgd_multi_mutated});
+const OpDef& kSGDUpdateMulti = define_op({.name = "sgd_update_multi", .infer = infer_sgd_update_multi});
+const OpDef& kAdamWUpdateMultiInPlace = define_op({.name = "adamw_update_multi_",
+                                                   .infer = infer_adamw_update_multi_,
+                                                   .mutated_inputs_of = adamw_multi_mutated});
+const OpDef& kAdamWUpdateMulti = define_op({.name = "adamw_update_multi", .infer = infer_adamw_update_multi});
+
+// The flat input list of a multi call; a length mismatch between the spans is the caller's.
+std::vector<Tensor> sgd_multi_inputs(std::span<const Tensor> params, std::span<const Tensor> grads,
+                                     std::span<const Tensor> buffers, const SGDHyper& h, const char* op) {
+  KILN_CHECK(grads.size() == params.size() && (buffers.empty() || buffers.size() == params.size()),
+             "{}: {} params need as many grads (got {}) and momentum buffers (got {}; none without momentum)",
+             op, params.size(), grads.size(), buffers.size());
+  std::vector<Tensor> in(params.begin(), params.end());
+  in.insert(in.end(), grads.begin(), grads.end());
+  if (buffers.empty()) in.resize(in.size() + params.size());
+  else in.insert(in.end(), buffers.begin(), buffers.end());
+  for (const Tensor& t : {h.lr, h.momentum, h.dampening, h.weight_decay}) in.push_back(t);
+  return in;
+}
+Attrs sgd_multi_attrs(size_t count, SGDFlags f) {
+  Attrs a = sgd_attrs(f);
+  a.set("count", static_cast<int64_t>(count));
+  return a;
+}
+
+std::vector<Tensor> adamw_multi_inputs(std::span<const Tensor> params, std::span<const Tensor> grads,
+                                       std::span<const AdamWState> states, const AdamWHyper& h,
+                                       const char* op) {
+  KILN_CHECK(grads.size() == params.size() && states.size() == params.size(),
+             "{}: {} params need as many grads (got {}) and states (got {})", op, params.size(),
+             grads.size(), states.size());
+  std::vector<Tensor> in(params.begin(), params.end());
+  in.insert(in.end(), grads.begin(), grads.end());
+  for (Tensor AdamWState::*role : {&AdamWState::exp_avg, &AdamWState::exp_avg_sq,
+                                   &AdamWState::max_exp_avg_sq, &AdamWState::step})
+    for (const AdamWState& s : states) in.push_back(s.*role);
+  for (const Tensor& t : {h.lr, h.beta1, h.beta2, h.eps, h.weight_decay}) in.push_back(t);
+  return in;
+}
+Attrs adamw_multi_attrs(size_t count, AdamWFlags f) {
+  Attrs a = adamw_attrs(f);
+  a.set("count", static_cast<int64_t>(count));
+  return a;
+}
+
 }  // namespace
+
+std::vector<Tensor> sgd_single_inputs(std::span<const Tensor> in, int64_t count, int64_t k) {
+  return single_slice(in, count, kSGDRoles, k);
+}
+std::vector<Tensor> adamw_single_inputs(std::span<const Tensor> in, int64_t count, int64_t k) {
+  return single_slice(in, count, kAdamWRoles, k);
+}
 
 // Optimizer updates are not differentiated (PyTorch runs them under no_grad): no graph.
 void sgd_update_(const Tensor& param, const Tensor& grad, const Tensor& momentum_buffer,
@@ -161,6 +305,51 @@ AdamWUpdate adamw_update(const Tensor& param, const Tensor& grad, const AdamWSta
   std::vector<Tensor> out =
       call_op(kAdamWUpdate, adamw_inputs(param, grad, state, hyper), adamw_attrs(flags));
   return {out[0], out[1], out[2], out.size() > 3 ? out[3] : Tensor()};
+}
+
+void sgd_update_multi_(std::span<const Tensor> params, std::span<const Tensor> grads,
+                       std::span<const Tensor> momentum_buffers, const SGDHyper& hyper,
+                       SGDFlags flags) {
+  NoGradGuard no_grad;
+  call_op(kSGDUpdateMultiInPlace, sgd_multi_inputs(params, grads, momentum_buffers, hyper, "sgd_update_multi_"),
+          sgd_multi_attrs(params.size(), flags));
+}
+
+std::vector<SGDUpdate> sgd_update_multi(std::span<const Tensor> params, std::span<const Tensor> grads,
+                                        std::span<const Tensor> momentum_buffers,
+                                        const SGDHyper& hyper, SGDFlags flags) {
+  NoGradGuard no_grad;
+  const std::vector<Tensor> out =
+      call_op(kSGDUpdateMulti, sgd_multi_inputs(params, grads, momentum_buffers, hyper, "sgd_update_multi"),
+              sgd_multi_attrs(params.size(), flags));
+  const size_t n = params.size();
+  std::vector<SGDUpdate> updates(n);
+  for (size_t k = 0; k < n; ++k)
+    updates[k] = {out[k], out.size() > n ? out[n + k] : Tensor()};
+  return updates;
+}
+
+void adamw_update_multi_(std::span<const Tensor> params, std::span<const Tensor> grads,
+                         std::span<const AdamWState> states, const AdamWHyper& hyper,
+                         AdamWFlags flags) {
+  NoGradGuard no_grad;
+  call_op(kAdamWUpdateMultiInPlace, adamw_multi_inputs(params, grads, states, hyper, "adamw_update_multi_"),
+          adamw_multi_attrs(params.size(), flags));
+}
+
+std::vector<AdamWUpdate> adamw_update_multi(std::span<const Tensor> params,
+                                            std::span<const Tensor> grads,
+                                            std::span<const AdamWState> states,
+                                            const AdamWHyper& hyper, AdamWFlags flags) {
+  NoGradGuard no_grad;
+  const std::vector<Tensor> out =
+      call_op(kAdamWUpdateMulti, adamw_multi_inputs(params, grads, states, hyper, "adamw_update_multi"),
+              adamw_multi_attrs(params.size(), flags));
+  const size_t n = params.size();
+  std::vector<AdamWUpdate> updates(n);
+  for (size_t k = 0; k < n; ++k)
+    updates[k] = {out[k], out[n + k], out[2 * n + k], out.size() > 3 * n ? out[3 * n + k] : Tensor()};
+  return updates;
 }
 
 }  // namespace kiln

@@ -15,9 +15,26 @@
 //       and max_exp_avg_sq in place; no outputs.
 //   adamw_update(same inputs) -> (new_param, new_exp_avg, new_exp_avg_sq,
 //       new_max_exp_avg_sq if one was given)
+//
+// Multi-tensor forms (PyTorch's foreach optimizers): one call updates the N parameters of a
+// group, so that an optimizer step is one op per group, eagerly (one parallel region on the
+// CPU) and in a traced step (one node). Attribute count = N; tensors grouped by role, each
+// group in parameter order, then the single op's hyperparameters:
+//   sgd_update_multi_(param x N, grad x N, momentum_buffer x N?, lr, momentum, dampening,
+//       weight_decay) {count, nesterov, maximize, first}: the buffers all given or all absent.
+//   sgd_update_multi(same inputs) -> (new_param x N, new_momentum_buffer x N if given)
+//   adamw_update_multi_(param x N, grad x N, exp_avg x N, exp_avg_sq x N,
+//       max_exp_avg_sq x N?, step x N, lr, beta1, beta2, eps, weight_decay)
+//       {count, amsgrad, maximize}: each parameter keeps its own step count.
+//   adamw_update_multi(same inputs) -> (new_param x N, new_exp_avg x N, new_exp_avg_sq x N,
+//       new_max_exp_avg_sq x N if given)
+// Parameter k's result is bit for bit what the single op gives for its tensors. Every
+// parameter of one call has one dtype and one device (the optimizers split a group that
+// mixes them into one call per kind).
 // Param, grad and state tensors are f32 or f64 CPU tensors of one dtype and shape; the
 // in-place forms need param and state contiguous. Each pure op computes, element for
 // element, exactly what its in-place form writes (one shared loop).
+#include <span>
 #include <vector>
 
 #include "core/tensor.h"
@@ -76,5 +93,26 @@ struct AdamWUpdate {
 // adamw_update_'s new values as new tensors; the arguments are left unchanged.
 AdamWUpdate adamw_update(const Tensor& param, const Tensor& grad, const AdamWState& state,
                          const AdamWHyper& hyper, AdamWFlags flags);
+
+// The multi-tensor forms: one op call for all of `params` (the spans have one entry per
+// parameter; momentum_buffers is empty without momentum). Records no autograd graph.
+void sgd_update_multi_(std::span<const Tensor> params, std::span<const Tensor> grads,
+                       std::span<const Tensor> momentum_buffers, const SGDHyper& hyper,
+                       SGDFlags flags);
+std::vector<SGDUpdate> sgd_update_multi(std::span<const Tensor> params, std::span<const Tensor> grads,
+                                        std::span<const Tensor> momentum_buffers,
+                                        const SGDHyper& hyper, SGDFlags flags);
+void adamw_update_multi_(std::span<const Tensor> params, std::span<const Tensor> grads,
+                         std::span<const AdamWState> states, const AdamWHyper& hyper,
+                         AdamWFlags flags);
+std::vector<AdamWUpdate> adamw_update_multi(std::span<const Tensor> params,
+                                            std::span<const Tensor> grads,
+                                            std::span<const AdamWState> states,
+                                            const AdamWHyper& hyper, AdamWFlags flags);
+
+// Parameter k's inputs of a multi-tensor call (its flat input list `in`, count = N), in the
+// single op's order: how a kernel runs the multi op as N single updates.
+std::vector<Tensor> sgd_single_inputs(std::span<const Tensor> in, int64_t count, int64_t k);
+std::vector<Tensor> adamw_single_inputs(std::span<const Tensor> in, int64_t count, int64_t k);
 
 }  // namespace kiln

@@ -3,9 +3,18 @@
 // form writes them over the old ones (same pointers), the pure form into fresh outputs, so
 // both compute the same numbers. The element arithmetic is in the parameter's dtype, as
 // torch's single-tensor optimizers compute it.
+//
+// The multi-tensor forms run the same element loop over a work list of chunks that covers
+// every parameter of the call, in one parallel region (not one per parameter). The loop over
+// an element range is one out-of-line function per dtype that both forms call, so that a
+// parameter's result is bit for bit the single op's however the elements are split.
+#include <omp.h>
+
 #include <algorithm>
+#include <array>
 #include <cmath>
 
+#include "core/ops/optim_ops.h"
 #include "core/registry.h"
 #include "kernels/cpu/parallel.h"
 
@@ -25,11 +34,43 @@ const T* read_ptr(const Tensor& t, Tensor& keep) {
 }
 
 // A tensor the in-place form writes: it must be contiguous, as the loop writes flat.
-void check_writable(const Tensor& t, const char* what, const char* op) {
+void check_writable(const Tensor& t, const std::string& what, const char* op) {
   if (!t.defined()) return;
   KILN_CHECK(t.is_contiguous(), "{}: {} must be contiguous to be updated in place, got {} (strides {})",
              op, what, t.meta_str(), shape_str(t.strides()));
 }
+
+// The multi-tensor forms' work list: chunks of at most kChunk elements of one parameter
+// each, over all parameters. The chunks go to the threads dynamically (parameter sizes
+// vary from a few to millions of elements); small calls run on the calling thread, as
+// parallel_for does.
+constexpr int64_t kChunk = 65536;
+
+struct Chunk {
+  size_t tensor;
+  int64_t begin, end;
+};
+
+template <class F>
+void for_each_chunk(const std::vector<int64_t>& sizes, F&& f) {
+  std::vector<Chunk> chunks;
+  int64_t total = 0;
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    for (int64_t begin = 0; begin < sizes[k]; begin += kChunk)
+      chunks.push_back({k, begin, std::min(sizes[k], begin + kChunk)});
+    total += sizes[k];
+  }
+  const auto n = static_cast<int64_t>(chunks.size());
+  if (total <= kGrain || n == 1 || omp_get_max_threads() == 1 || omp_in_parallel()) {
+    for (const Chunk& c : chunks) f(c);
+    return;
+  }
+  const int64_t threads = std::min<int64_t>({omp_get_max_threads(), n, (total + kGrain - 1) / kGrain});
+#pragma omp parallel for num_threads(static_cast<int>(threads)) schedule(dynamic, 1)
+  for (int64_t c = 0; c < n; ++c) f(chunks[static_cast<size_t>(c)]);
+}
+
+// ---- SGD ----
 
 // Old values in, new values out; out pointers may equal in pointers (the in-place form).
 template <class T>
@@ -39,37 +80,56 @@ struct SGDPointers {
 };
 
 template <class T>
-void sgd_loop(const SGDPointers<T>& x, int64_t n, double lr, double momentum, double dampening,
-              double weight_decay, bool nesterov, bool maximize, bool first) {
-  const T lr_t = static_cast<T>(lr), m = static_cast<T>(momentum),
-          damp = static_cast<T>(1.0 - dampening), wd = static_cast<T>(weight_decay);
-  parallel_for(n, kGrain, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      T d = maximize ? -x.g[i] : x.g[i];
-      if (weight_decay != 0) d = d + wd * x.p[i];
-      if (x.buf_out) {
-        const T buf = first ? d : m * x.buf[i] + damp * d;
-        x.buf_out[i] = buf;
-        d = nesterov ? d + m * buf : buf;
-      }
-      x.p_out[i] = x.p[i] - lr_t * d;
-    }
-  });
+struct SGDConstants {
+  T lr, momentum, one_minus_dampening, weight_decay;
+  bool decay, nesterov, maximize, first;
+};
+
+// in: (param, grad, momentum_buffer?, lr, momentum, dampening, weight_decay).
+template <class T>
+SGDConstants<T> sgd_constants(Span in, const Attrs& attrs) {
+  const double lr = scalar_of(in[3]), momentum = scalar_of(in[4]), dampening = scalar_of(in[5]),
+               weight_decay = scalar_of(in[6]);
+  return {static_cast<T>(lr),           static_cast<T>(momentum), static_cast<T>(1.0 - dampening),
+          static_cast<T>(weight_decay), weight_decay != 0,        attrs.b("nesterov"),
+          attrs.b("maximize"),          attrs.b("first")};
 }
+
+// The update of elements [begin, end): out of line, so that the single and the multi-tensor
+// forms run the same machine code on every element (see the top of the file).
+template <class T>
+[[gnu::noinline]] void sgd_range(const SGDPointers<T>& x, const SGDConstants<T>& c, int64_t begin, int64_t end) {
+  for (int64_t i = begin; i < end; ++i) {
+    T d = c.maximize ? -x.g[i] : x.g[i];
+    if (c.decay) d = d + c.weight_decay * x.p[i];
+    if (x.buf_out) {
+      const T buf = c.first ? d : c.momentum * x.buf[i] + c.one_minus_dampening * d;
+      x.buf_out[i] = buf;
+      d = c.nesterov ? d + c.momentum * buf : buf;
+    }
+    x.p_out[i] = x.p[i] - c.lr * d;
+  }
+}
+
+// One parameter's pointers; `keep` holds contiguous copies of inputs that were not.
+template <class T>
+SGDPointers<T> sgd_pointers(Span in, const Tensor& p_out, const Tensor& buf_out, std::array<Tensor, 3>& keep) {
+  return {read_ptr<T>(in[0], keep[0]), read_ptr<T>(in[1], keep[1]), read_ptr<T>(in[2], keep[2]),
+          p_out.data_ptr<T>(), buf_out.defined() ? buf_out.data_ptr<T>() : nullptr};
+}
+
+template <class T>
+constexpr bool kUpdatable = std::is_same_v<T, float> || std::is_same_v<T, double>;
 
 // in: (param, grad, momentum_buffer?, lr, momentum, dampening, weight_decay); writes into
 // p_out and buf_out (the inputs themselves for the in-place form).
 void run_sgd(Span in, const Tensor& p_out, const Tensor& buf_out, const Attrs& attrs) {
-  const double lr = scalar_of(in[3]), momentum = scalar_of(in[4]), dampening = scalar_of(in[5]),
-               weight_decay = scalar_of(in[6]);
-  const bool nesterov = attrs.b("nesterov"), maximize = attrs.b("maximize"),
-             first = attrs.b("first");
   visit_floating(in[0].dtype(), "sgd_update", [&]<class T>() {
-    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-      Tensor p, g, buf;
-      const SGDPointers<T> x{read_ptr<T>(in[0], p), read_ptr<T>(in[1], g), read_ptr<T>(in[2], buf),
-                             p_out.data_ptr<T>(), buf_out.defined() ? buf_out.data_ptr<T>() : nullptr};
-      sgd_loop<T>(x, in[0].numel(), lr, momentum, dampening, weight_decay, nesterov, maximize, first);
+    if constexpr (kUpdatable<T>) {
+      std::array<Tensor, 3> keep;
+      const SGDPointers<T> x = sgd_pointers<T>(in, p_out, buf_out, keep);
+      const SGDConstants<T> c = sgd_constants<T>(in, attrs);
+      parallel_for(in[0].numel(), kGrain, [&](int64_t begin, int64_t end) { sgd_range<T>(x, c, begin, end); });
     } else {
       fail("sgd_update: parameters must be f32 or f64, got {}", in[0].meta_str());
     }
@@ -86,57 +146,119 @@ void sgd_update(Span in, Span out, const Attrs& attrs) {
   run_sgd(in, out[0], out.size() > 1 ? out[1] : Tensor(), attrs);
 }
 
+// The multi-tensor form: outs(k) gives parameter k's (p_out, buf_out). The shape rule made
+// every parameter of one dtype.
+template <class Outs>
+void run_sgd_multi(Span in, const Attrs& attrs, Outs outs) {
+  const int64_t count = attrs.i("count");
+  visit_floating(in[0].dtype(), "sgd_update_multi", [&]<class T>() {
+    if constexpr (kUpdatable<T>) {
+      std::vector<SGDPointers<T>> pointers;
+      std::vector<int64_t> sizes;
+      std::vector<std::array<Tensor, 3>> keep(static_cast<size_t>(count));
+      for (int64_t k = 0; k < count; ++k) {
+        const std::vector<Tensor> single = sgd_single_inputs(in, count, k);
+        const auto [p_out, buf_out] = outs(k);
+        pointers.push_back(sgd_pointers<T>(single, p_out, buf_out, keep[static_cast<size_t>(k)]));
+        sizes.push_back(single[0].numel());
+      }
+      const SGDConstants<T> c = sgd_constants<T>(sgd_single_inputs(in, count, 0), attrs);
+      for_each_chunk(sizes, [&](const Chunk& ch) { sgd_range<T>(pointers[ch.tensor], c, ch.begin, ch.end); });
+    } else {
+      fail("sgd_update_multi: parameters must be f32 or f64, got {}", in[0].meta_str());
+    }
+  });
+}
+
+// in: (param x N, grad x N, momentum_buffer x N?, hyperparameters).
+void sgd_update_multi_inplace(Span in, Span, const Attrs& attrs) {
+  const int64_t n = attrs.i("count");
+  for (int64_t k = 0; k < n; ++k) {
+    check_writable(in[static_cast<size_t>(k)], fmt::format("param {}", k), "sgd_update_multi_");
+    check_writable(in[static_cast<size_t>(2 * n + k)], fmt::format("momentum_buffer {}", k), "sgd_update_multi_");
+  }
+  run_sgd_multi(in, attrs, [&](int64_t k) {
+    return std::pair{in[static_cast<size_t>(k)], in[static_cast<size_t>(2 * n + k)]};
+  });
+}
+
+// out: (new_param x N, new_momentum_buffer x N if given).
+void sgd_update_multi(Span in, Span out, const Attrs& attrs) {
+  const int64_t n = attrs.i("count");
+  run_sgd_multi(in, attrs, [&](int64_t k) {
+    const Tensor buf = static_cast<int64_t>(out.size()) > n ? out[static_cast<size_t>(n + k)] : Tensor();
+    return std::pair{out[static_cast<size_t>(k)], buf};
+  });
+}
+
+// ---- AdamW ----
+
 template <class T>
 struct AdamWPointers {
   const T *p, *g, *m, *v, *vmax;
   T *p_out, *m_out, *v_out, *vmax_out;  // vmax_out null without amsgrad
 };
 
-// The scalar factors in f64 first (as PyTorch computes them in Python), then the elementwise
-// work in T.
 template <class T>
-void adamw_loop(const AdamWPointers<T>& x, int64_t n, double lr, double beta1, double beta2,
-                double eps, double weight_decay, bool maximize, double step) {
-  const T decay = static_cast<T>(1.0 - lr * weight_decay);
-  const T one_minus_b1 = static_cast<T>(1.0 - beta1), b2 = static_cast<T>(beta2),
-          one_minus_b2 = static_cast<T>(1.0 - beta2);
-  const T step_size = static_cast<T>(lr / (1.0 - std::pow(beta1, step)));
-  const T correction2_sqrt = static_cast<T>(std::sqrt(1.0 - std::pow(beta2, step)));
-  const T eps_t = static_cast<T>(eps);
-  parallel_for(n, kGrain, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      const T grad = maximize ? -x.g[i] : x.g[i];
-      const T param = x.p[i] * decay;
-      const T m = x.m[i] + one_minus_b1 * (grad - x.m[i]);
-      const T v = x.v[i] * b2 + one_minus_b2 * grad * grad;
-      x.m_out[i] = m;
-      x.v_out[i] = v;
-      T second = v;
-      if (x.vmax_out) {
-        second = std::max(x.vmax[i], v);
-        x.vmax_out[i] = second;
-      }
-      const T denom = std::sqrt(second) / correction2_sqrt + eps_t;
-      x.p_out[i] = param - step_size * (m / denom);
-    }
-  });
-}
+struct AdamWFactors {
+  T decay, one_minus_b1, b2, one_minus_b2, step_size, correction2_sqrt, eps;
+  bool maximize;
+};
 
-// in: (param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq?, step, lr, beta1, beta2, eps,
-// weight_decay); out: where the new param, exp_avg, exp_avg_sq, max_exp_avg_sq go.
-void run_adamw(Span in, const Tensor* out, const Attrs& attrs) {
+// The scalar factors in f64 first (as PyTorch computes them in Python), then the elementwise
+// work in T. in: (param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq?, step, lr, beta1, beta2,
+// eps, weight_decay).
+template <class T>
+AdamWFactors<T> adamw_factors(Span in, const Attrs& attrs) {
   const double step = scalar_of(in[5]), lr = scalar_of(in[6]), beta1 = scalar_of(in[7]),
                beta2 = scalar_of(in[8]), eps = scalar_of(in[9]), weight_decay = scalar_of(in[10]);
-  const bool maximize = attrs.b("maximize");
+  return {static_cast<T>(1.0 - lr * weight_decay),
+          static_cast<T>(1.0 - beta1),
+          static_cast<T>(beta2),
+          static_cast<T>(1.0 - beta2),
+          static_cast<T>(lr / (1.0 - std::pow(beta1, step))),
+          static_cast<T>(std::sqrt(1.0 - std::pow(beta2, step))),
+          static_cast<T>(eps),
+          attrs.b("maximize")};
+}
+
+// As sgd_range: one out-of-line loop that both forms run.
+template <class T>
+[[gnu::noinline]] void adamw_range(const AdamWPointers<T>& x, const AdamWFactors<T>& f, int64_t begin,
+                                   int64_t end) {
+  for (int64_t i = begin; i < end; ++i) {
+    const T grad = f.maximize ? -x.g[i] : x.g[i];
+    const T param = x.p[i] * f.decay;
+    const T m = x.m[i] + f.one_minus_b1 * (grad - x.m[i]);
+    const T v = x.v[i] * f.b2 + f.one_minus_b2 * grad * grad;
+    x.m_out[i] = m;
+    x.v_out[i] = v;
+    T second = v;
+    if (x.vmax_out) {
+      second = std::max(x.vmax[i], v);
+      x.vmax_out[i] = second;
+    }
+    const T denom = std::sqrt(second) / f.correction2_sqrt + f.eps;
+    x.p_out[i] = param - f.step_size * (m / denom);
+  }
+}
+
+// out: where the new param, exp_avg, exp_avg_sq, max_exp_avg_sq go (the last undefined
+// without amsgrad).
+template <class T>
+AdamWPointers<T> adamw_pointers(Span in, const Tensor* out, std::array<Tensor, 5>& keep) {
+  return {read_ptr<T>(in[0], keep[0]), read_ptr<T>(in[1], keep[1]), read_ptr<T>(in[2], keep[2]),
+          read_ptr<T>(in[3], keep[3]), read_ptr<T>(in[4], keep[4]), out[0].data_ptr<T>(),
+          out[1].data_ptr<T>(),        out[2].data_ptr<T>(),        out[3].defined() ? out[3].data_ptr<T>() : nullptr};
+}
+
+void run_adamw(Span in, const Tensor* out, const Attrs& attrs) {
   visit_floating(in[0].dtype(), "adamw_update", [&]<class T>() {
-    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-      Tensor p, g, m, v, vmax;
-      const AdamWPointers<T> x{read_ptr<T>(in[0], p),  read_ptr<T>(in[1], g),
-                               read_ptr<T>(in[2], m),  read_ptr<T>(in[3], v),
-                               read_ptr<T>(in[4], vmax), out[0].data_ptr<T>(),
-                               out[1].data_ptr<T>(),   out[2].data_ptr<T>(),
-                               out[3].defined() ? out[3].data_ptr<T>() : nullptr};
-      adamw_loop<T>(x, in[0].numel(), lr, beta1, beta2, eps, weight_decay, maximize, step);
+    if constexpr (kUpdatable<T>) {
+      std::array<Tensor, 5> keep;
+      const AdamWPointers<T> x = adamw_pointers<T>(in, out, keep);
+      const AdamWFactors<T> f = adamw_factors<T>(in, attrs);
+      parallel_for(in[0].numel(), kGrain, [&](int64_t begin, int64_t end) { adamw_range<T>(x, f, begin, end); });
     } else {
       fail("adamw_update: parameters must be f32 or f64, got {}", in[0].meta_str());
     }
@@ -155,6 +277,59 @@ void adamw_update(Span in, Span out, const Attrs& attrs) {
   run_adamw(in, outs, attrs);
 }
 
+// The multi-tensor form: outs(k) gives parameter k's four outputs. Each parameter has its
+// own step count, so its own factors.
+template <class Outs>
+void run_adamw_multi(Span in, const Attrs& attrs, Outs outs) {
+  const int64_t count = attrs.i("count");
+  visit_floating(in[0].dtype(), "adamw_update_multi", [&]<class T>() {
+    if constexpr (kUpdatable<T>) {
+      std::vector<AdamWPointers<T>> pointers;
+      std::vector<AdamWFactors<T>> factors;
+      std::vector<int64_t> sizes;
+      std::vector<std::array<Tensor, 5>> keep(static_cast<size_t>(count));
+      for (int64_t k = 0; k < count; ++k) {
+        const std::vector<Tensor> single = adamw_single_inputs(in, count, k);
+        const std::array<Tensor, 4> out = outs(k);
+        pointers.push_back(adamw_pointers<T>(single, out.data(), keep[static_cast<size_t>(k)]));
+        factors.push_back(adamw_factors<T>(single, attrs));
+        sizes.push_back(single[0].numel());
+      }
+      for_each_chunk(sizes, [&](const Chunk& ch) {
+        adamw_range<T>(pointers[ch.tensor], factors[ch.tensor], ch.begin, ch.end);
+      });
+    } else {
+      fail("adamw_update_multi: parameters must be f32 or f64, got {}", in[0].meta_str());
+    }
+  });
+}
+
+// in: (param x N, grad x N, exp_avg x N, exp_avg_sq x N, max_exp_avg_sq x N?, step x N,
+// hyperparameters).
+void adamw_update_multi_inplace(Span in, Span, const Attrs& attrs) {
+  const int64_t n = attrs.i("count");
+  const char* what[] = {"param", "", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
+  for (int64_t role : {0, 2, 3, 4})
+    for (int64_t k = 0; k < n; ++k)
+      check_writable(in[static_cast<size_t>(role * n + k)], fmt::format("{} {}", what[role], k), "adamw_update_multi_");
+  run_adamw_multi(in, attrs, [&](int64_t k) {
+    auto at = [&](int64_t role) { return in[static_cast<size_t>(role * n + k)]; };
+    return std::array<Tensor, 4>{at(0), at(2), at(3), at(4)};
+  });
+}
+
+// out: (new_param x N, new_exp_avg x N, new_exp_avg_sq x N, new_max_exp_avg_sq x N if given).
+void adamw_update_multi(Span in, Span out, const Attrs& attrs) {
+  const int64_t n = attrs.i("count");
+  run_adamw_multi(in, attrs, [&](int64_t k) {
+    auto at = [&](int64_t role) {
+      const auto i = static_cast<size_t>(role * n + k);
+      return i < out.size() ? out[i] : Tensor();
+    };
+    return std::array<Tensor, 4>{at(0), at(1), at(2), at(3)};
+  });
+}
+
 struct Registrar {
   Registrar() {
     constexpr auto cpu = DeviceType::cpu;
@@ -162,6 +337,10 @@ struct Registrar {
     register_kernel("sgd_update", cpu, sgd_update);
     register_kernel("adamw_update_", cpu, adamw_update_inplace);
     register_kernel("adamw_update", cpu, adamw_update);
+    register_kernel("sgd_update_multi_", cpu, sgd_update_multi_inplace);
+    register_kernel("sgd_update_multi", cpu, sgd_update_multi);
+    register_kernel("adamw_update_multi_", cpu, adamw_update_multi_inplace);
+    register_kernel("adamw_update_multi", cpu, adamw_update_multi);
   }
 } registrar;
 

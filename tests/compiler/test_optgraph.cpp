@@ -219,17 +219,23 @@ struct Trainer {
   }
 };
 
-// The traced step holds one pure update per parameter and writes back every parameter and
-// every state tensor (by the names Trainer::names gave them).
+// The traced step holds one pure multi-tensor update for the model's one parameter group
+// (no per-parameter update) and writes back every parameter and every state tensor (by the
+// names Trainer::names gave them).
 void check_graph(Trainer& trainer, const Graph& g, const std::string& update) {
   INFO(print(g));
   const auto params = trainer.model->named_parameters();
-  CHECK(count_ops(g, update) == static_cast<int64_t>(params.size()));
+  const std::string multi = update + "_multi";
+  CHECK(count_ops(g, multi) == 1);
+  CHECK(count_ops(g, update) == 0);
   CHECK(count_ops(g, update + "_") == 0);
-  // The lr is a scalar input that every update reads (input 3 of sgd_update, 6 of adamw_update).
-  const size_t lr_index = update == "sgd_update" ? 3 : 6;
+  CHECK(count_ops(g, multi + "_") == 0);
+  // The lr is a scalar input that the update reads: the first input after the N tensors of
+  // each of the 3 (sgd_update_multi) or 6 (adamw_update_multi) roles.
+  const size_t lr_index = (update == "sgd_update" ? 3 : 6) * params.size();
   for (const compiler::Node& n : g.nodes()) {
-    if (n.kind != NodeKind::op || n.op != update) continue;
+    if (n.kind != NodeKind::op || n.op != multi) continue;
+    CHECK(n.attrs.i("count") == static_cast<int64_t>(params.size()));
     const compiler::Node& lr = g.node(n.inputs.at(lr_index));
     CHECK(lr.kind == NodeKind::input);
     CHECK(lr.name == "lr");

@@ -146,6 +146,12 @@ TEST_CASE("the op hook sees every registered op", "[hook][registry]") {
     const AdamWState adam_state{zeros({3}), zeros({3}), {}, scalar_tensor(1.0, DType::f64)};
     adamw_update_(p, ones({3}), adam_state, {h, h, h, h, h}, {});
     adamw_update(p, ones({3}), adam_state, {h, h, h, h, h}, {});
+    const std::vector<Tensor> ps = {p, zeros({2})}, gs = {ones({3}), ones({2})};
+    sgd_update_multi_(ps, gs, {}, {h, h, h, h}, {});
+    sgd_update_multi(ps, gs, {}, {h, h, h, h}, {});
+    const std::vector<AdamWState> adam_states = {adam_state, {zeros({2}), zeros({2}), {}, adam_state.step}};
+    adamw_update_multi_(ps, gs, adam_states, {h, h, h, h, h}, {});
+    adamw_update_multi(ps, gs, adam_states, {h, h, h, h, h}, {});
   }
   std::set<std::string> missing;
   for (const OpDef* op : all_ops())
