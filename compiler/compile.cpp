@@ -116,6 +116,17 @@ std::vector<int64_t> alias_pattern(const std::vector<Tensor>& tensors) {
   return pattern;
 }
 
+// Host-read guards compare exactly, in the category the value was read as (NaN never
+// matches: such a step traces again each call, up to the cache limit).
+bool same_value(const Scalar& a, const Scalar& b) {
+  if (a.kind() != b.kind()) return false;
+  return a.is_floating() ? a.to_double() == b.to_double() : a.to_int() == b.to_int();
+}
+std::string scalar_text(const Scalar& s) {
+  if (s.kind() == DType::boolean) return s.to_int() ? "true" : "false";
+  return s.is_floating() ? fmt::format("{}", s.to_double()) : fmt::format("{}", s.to_int());
+}
+
 std::string input_name(const Trace& t, size_t input) {
   return t.graph.node(t.graph.inputs().at(input)).name;
 }
@@ -139,6 +150,13 @@ struct Entry {
       if (!(now == captured[j])) return describe_change(input_name(trace, num_args + j), captured[j], now);
     }
     if (alias_pattern(inputs) != aliases) return "which inputs share memory changed";
+    for (const Trace::HostRead& read : trace.host_reads) {
+      const Scalar now = inputs.at(static_cast<size_t>(read.input)).item();
+      if (!same_value(now, read.value))
+        return fmt::format("the value of {} (read on the host by item()) changed from {} to {}",
+                           input_name(trace, static_cast<size_t>(read.input)), scalar_text(read.value),
+                           scalar_text(now));
+    }
     return {};
   }
 };
@@ -276,6 +294,8 @@ struct CompiledFunction::State {
   int64_t recompiles = 0;
   std::string last_reason;
   std::string warning;
+  int64_t eager_fallbacks = 0;
+  std::string cache_full_warning;
 };
 
 CompiledFunction compile(TracedFunction fn, CompileOptions options) {
@@ -313,6 +333,19 @@ std::vector<Tensor> CompiledFunction::operator()(const std::vector<Tensor>& args
     reason = signature_change(closest->signature, signature);
     if (reason.empty()) reason = closest->captured_change(args);
   }
+  if (static_cast<int64_t>(s.entries.size()) >= s.options.cache_limit) {
+    // Past the cache limit a miss runs fn eagerly, uncompiled: a function whose guards fail
+    // on every call (a value read on the host that keeps changing, shapes that never
+    // repeat) would otherwise trace and compile on every call.
+    ++s.eager_fallbacks;
+    if (s.cache_full_warning.empty()) {
+      s.cache_full_warning = fmt::format("kiln::compile: {} cached graphs (the cache limit); calls that match "
+                                         "none run eagerly; the first because {}",
+                                         s.entries.size(), reason);
+      std::cerr << s.cache_full_warning << '\n';
+    }
+    return s.fn(args);
+  }
   Entry entry;
   entry.signature = signature;
   entry.trace = trace(s.fn, args, trace_options(s.options, !s.options.fullgraph));
@@ -348,6 +381,7 @@ int64_t CompiledFunction::cache_size() const {
   return state_ ? static_cast<int64_t>(state_->entries.size()) : 0;
 }
 int64_t CompiledFunction::calls() const { return state_ ? state_->calls : 0; }
+int64_t CompiledFunction::eager_fallbacks() const { return state_ ? state_->eager_fallbacks : 0; }
 int64_t CompiledFunction::graph_breaks() const {
   int64_t n = 0;
   if (state_)

@@ -76,6 +76,9 @@ struct CompileOptions {
   std::filesystem::path dump_dir;
   // Past this many recompiles a warning naming what changed is printed once to stderr.
   int64_t recompile_limit = 8;
+  // At most this many cached graphs (and graph breaks); past it, a call that matches none
+  // runs fn eagerly without tracing (eager_fallbacks() counts them; a warning once).
+  int64_t cache_limit = 32;
   // Names for captured tensors (model.named_parameters(), ...), used in graphs and messages.
   TraceOptions trace;
   // Where the layout pass runs convolutions channels-last (compiler/passes/passes.h):
@@ -96,6 +99,7 @@ class CompiledFunction {
   int64_t cache_size() const;  // cached entries, graph breaks included
   int64_t calls() const;
   int64_t graph_breaks() const;  // cached entries that run eagerly
+  int64_t eager_fallbacks() const;  // calls run eagerly because the cache was full
   // The reason of the last recompile ("arg0's shape changed from [8,3] to [9,3]"); "" if none.
   std::string last_recompile_reason() const;
   // The recompile-limit warning once printed; "" before the limit was passed.

@@ -9,6 +9,7 @@
 // accounted for, so any other movement is a write the trace did not see.
 #include "compiler/trace.h"
 
+#include <algorithm>
 #include <compare>
 #include <map>
 #include <memory>
@@ -100,6 +101,43 @@ class Tracer {
       throw;
     }
     busy_ = false;
+  }
+
+  // A host read (item()) inside fn: a guard on an unwritten graph input's value, or a
+  // refusal (trace.h).
+  void on_host_read(const Tensor& t) {
+    if (busy_ || trace_.broken() || t.is_wrapped_number()) return;
+    busy_ = true;
+    try {
+      record_host_read(t);
+    } catch (const Error& e) {
+      busy_ = false;
+      if (!options_.allow_break) throw;
+      stop("item", e.what());
+      return;
+    } catch (...) {
+      busy_ = false;
+      throw;
+    }
+    busy_ = false;
+  }
+
+  void record_host_read(const Tensor& t) {
+    const Value v = value_of(t, "item", {});
+    const Known* k = find(t);
+    const bool input = k && k->input.defined() && k->value == k->input;
+    if (!input) {
+      const StorageState* state = storage_state(t);
+      fail("trace: item() reads {} on the host inside the traced function, a value computed in the step "
+           "({}): the graph cannot hold what the function makes of the number; read it after the step, "
+           "or compile without fullgraph (the step then runs eagerly)",
+           t.meta_str(), state ? state->what : "by an op");
+    }
+    const std::vector<Value>& inputs = trace_.graph.inputs();
+    const auto index = static_cast<int64_t>(std::find(inputs.begin(), inputs.end(), v) - inputs.begin());
+    for (const Trace::HostRead& read : trace_.host_reads)
+      if (read.input == index) return;
+    trace_.host_reads.push_back({index, t.item()});  // busy_: not reported again
   }
 
   // Records a graph break: nothing more is recorded, the function runs on eagerly.
@@ -535,6 +573,7 @@ Trace trace(const TracedFunction& fn, const std::vector<Tensor>& args,
   std::vector<Tensor> returned;
   {
     OpHookGuard hook([&tracer](const OpCall& call) { tracer.on_call(call); });
+    HostReadHookGuard host_reads([&tracer](const Tensor& t) { tracer.on_host_read(t); });
     returned = fn(args);
   }
   result.num_results = static_cast<int64_t>(returned.size());

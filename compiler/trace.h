@@ -40,6 +40,12 @@
 //   drawn, and leaves the generator where eager code would. inputs_for() gives the trace's
 //   own base, so interpret(graph, inputs_for(args)) repeats the traced call's numbers.
 //
+// - a value read on the host (item()) of a graph input fn had not written (a
+//   hyperparameter, a flag, an argument) is a guard (Trace::host_reads): eager code may
+//   have branched on it, so the graph holds for that value only and another value traces
+//   again. A host read of a value computed in the step (loss.item(), a counter fn added to
+//   first) is refused as "item": the graph cannot hold what eager code made of the number.
+//
 // Refused with a kiln::Error naming the op, for now: random ops given another generator
 // than the default one, reseeding the default generator inside fn, ops that mutate inputs
 // in place other than through an in-place call (batch_norm aside), in-place writes into a
@@ -102,6 +108,13 @@ struct Trace {
   // the default generator while traced: replay() reserves as many and passes their base.
   int64_t random_input = -1;
   uint64_t random_count = 0;
+  // Values fn read on the host (item()) from graph inputs it had not written, in order of
+  // first read: the graph was made for these values (see above).
+  struct HostRead {
+    int64_t input = 0;
+    Scalar value;
+  };
+  std::vector<HostRead> host_reads;
 
   // Set when recording stopped at a refusal (TraceOptions::allow_break): the op that was
   // refused ("" for a write seen only at the end) and the refusal's message. The graph is

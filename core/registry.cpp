@@ -197,6 +197,23 @@ void after_op(const OpCall& call) {
 
 void set_autograd_recorder(AutogradRecorder recorder) { g_recorder = recorder; }
 
+namespace {
+thread_local HostReadHook t_host_read_hook;
+thread_local int t_unguarded_reads = 0;
+}  // namespace
+
+UnguardedHostReads::UnguardedHostReads() { ++t_unguarded_reads; }
+UnguardedHostReads::~UnguardedHostReads() { --t_unguarded_reads; }
+
+HostReadHookGuard::HostReadHookGuard(HostReadHook hook) : previous_(std::move(t_host_read_hook)) {
+  t_host_read_hook = std::move(hook);
+}
+HostReadHookGuard::~HostReadHookGuard() { t_host_read_hook = std::move(previous_); }
+
+void report_host_read(const Tensor& t) {
+  if (t_depth == 0 && t_unguarded_reads == 0 && t_host_read_hook) t_host_read_hook(t);
+}
+
 OpHookGuard::OpHookGuard(OpHook hook) : previous_(std::move(t_hook)) { t_hook = std::move(hook); }
 OpHookGuard::~OpHookGuard() { t_hook = std::move(previous_); }
 

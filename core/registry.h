@@ -156,6 +156,34 @@ class OpHookGuard {
   OpHook previous_;
 };
 
+// Host reads: Tensor::item() reports the tensor it reads to this hook (one per thread,
+// installed like OpHook) when called outside a kernel, so that a tracer can tell a value
+// read on the host (which eager code may branch on, or turn into a number) from the ops it
+// records: the graph would bake the value in. Install with HostReadHookGuard; guards nest.
+using HostReadHook = std::function<void(const Tensor&)>;
+class HostReadHookGuard {
+ public:
+  explicit HostReadHookGuard(HostReadHook hook);
+  ~HostReadHookGuard();
+  HostReadHookGuard(const HostReadHookGuard&) = delete;
+  HostReadHookGuard& operator=(const HostReadHookGuard&) = delete;
+
+ private:
+  HostReadHook previous_;
+};
+// Called by the host reads (item()); does nothing without a hook, inside a kernel, or
+// inside an UnguardedHostReads scope.
+void report_host_read(const Tensor& t);
+// Host reads in this scope only validate (an optimizer checking lr >= 0): whatever value
+// passes, the ops that follow are the same, so a tracer need not guard them.
+class UnguardedHostReads {
+ public:
+  UnguardedHostReads();
+  ~UnguardedHostReads();
+  UnguardedHostReads(const UnguardedHostReads&) = delete;
+  UnguardedHostReads& operator=(const UnguardedHostReads&) = delete;
+};
+
 // The autograd recorder: called after every top-level op whose inputs require grad while
 // grad mode is on; it attaches the backward graph. Installed once by autograd/.
 using AutogradRecorder = void (*)(const OpCall& call);

@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "core/grad_mode.h"
 #include "core/ops/factory.h"
+#include "core/registry.h"
 #include "models/module.h"
 
 namespace kiln::optim {
@@ -77,7 +78,10 @@ bool Optimizer::has_state(const Tensor& param) const {
 void Optimizer::step() {
   NoGradGuard no_grad;
   for (auto& group : groups_) {
-    check_group(group);
+    {
+      UnguardedHostReads validation;  // a traced step need not guard what only validates
+      check_group(group);
+    }
     std::vector<Tensor> params, grads, originals;
     std::vector<ParamState*> states;
     for (const auto& p : group.params) {

@@ -49,7 +49,11 @@ void SGD::step_group(const ParamGroup& group, const std::vector<Tensor>& params,
                      const std::vector<Tensor>& grads, const std::vector<ParamState*>& states) {
   const SGDHyper hyper{group.hyper.at("lr"), group.hyper.at("momentum"),
                        group.hyper.at("dampening"), group.hyper.at("weight_decay")};
-  const bool uses_momentum = group.get("momentum") != 0;
+  // Once a parameter has a momentum buffer it is used without reading momentum on the host,
+  // so that a traced step holds for any momentum a schedule sets (no guard on its value).
+  bool has_buffers = !params.empty();
+  for (const ParamState* state : states) has_buffers = has_buffers && state->contains("momentum_buffer");
+  const bool uses_momentum = has_buffers || group.get("momentum") != 0;
   struct Call {
     DType dtype;
     Device device;
