@@ -41,6 +41,26 @@ class CppRenderer : KernelRenderer {
     } else if (k_.num_reduced == 0) {
       body(1, false);
       stores(1, false);
+    } else if (k_.rank > k_.num_reduced) {
+      // Outputs whose last kept dim is unit-stride in every input while the reduced
+      // innermost dim is not (the column sums of a bias gradient): the column nest.
+      const int32_t last_kept = k_.rank - k_.num_reduced - 1;
+      std::vector<std::string> kept_unit, reduced_unit;
+      for (const Buffer& buf : k_.buffers) {
+        if (buf.output) continue;
+        if (!buf.broadcasts(last_kept)) kept_unit.push_back(fmt::format("{}_s{} == 1", buf.name, last_kept));
+        if (!buf.broadcasts(k_.rank - 1)) reduced_unit.push_back(fmt::format("{}_s{} == 1", buf.name, k_.rank - 1));
+      }
+      if (kept_unit.empty()) {
+        reduction_nest();
+      } else {
+        const std::string rows = reduced_unit.empty() ? "false" : fmt::format("{}", fmt::join(reduced_unit, " && "));
+        line(1, fmt::format("if (({}) && !({})) {{", fmt::join(kept_unit, " && "), rows));
+        column_reduction_nest();
+        line(1, "} else {");
+        reduction_nest(2);
+        line(1, "}");
+      }
     } else {
       reduction_nest();
     }
@@ -72,9 +92,8 @@ class CppRenderer : KernelRenderer {
     close_loops(depth, k_.rank);
   }
 
-  void reduction_nest() {
+  void reduction_nest(int depth = 1) {
     const int32_t kept = k_.rank - k_.num_reduced;
-    int depth = 1;
     omp(depth, kept);
     open_loops(depth, 0, kept);
     declare_accumulators(depth);
@@ -85,6 +104,46 @@ class CppRenderer : KernelRenderer {
     body(depth, true);
     stores(depth, false);
     close_loops(depth, kept);
+  }
+
+  // A block of kColumnBlock outputs along the last kept dim at a time: each reduced
+  // element's row of the block is read contiguously (and vectorized), each output's
+  // accumulator in an array. Every output still combines its elements in the order of
+  // reduction_nest, so the results are bit for bit the same.
+  static constexpr int kColumnBlock = 64;
+  void column_reduction_nest() {
+    const int32_t kept = k_.rank - k_.num_reduced, last = kept - 1;
+    int depth = 2;
+    omp(depth, kept);
+    open_loops(depth, 0, last);
+    line(depth++, fmt::format("for (int64_t block = 0; block < n{}; block += {}) {{", last, kColumnBlock));
+    line(depth, fmt::format("const int64_t width = n{} - block < {} ? n{} - block : {};", last, kColumnBlock, last,
+                            kColumnBlock));
+    for (size_t e = 0; e < k_.exprs.size(); ++e) {
+      const Expr& x = k_.exprs[e];
+      if (x.kind != ExprKind::reduce) continue;
+      line(depth, fmt::format("{} acc{}_col[{}];", register_type(x.dtype), e, kColumnBlock));
+      line(depth, fmt::format("for (int64_t j = 0; j < width; ++j) acc{}_col[j] = {};", e, literal(x.value, x.dtype)));
+    }
+    open_loops(depth, kept, k_.rank);
+    line(depth++, "for (int64_t j = 0; j < width; ++j) {");
+    line(depth, fmt::format("const int64_t i{} = block + j;", last));
+    unit_input_dim_ = last;
+    body(depth, false);
+    unit_input_dim_ = -1;
+    combine_reductions(depth, "v{1}", "acc{0}_col[j]");
+    line(--depth, "}");
+    close_loops(depth, k_.num_reduced);
+    line(depth++, "for (int64_t j = 0; j < width; ++j) {");
+    line(depth, fmt::format("const int64_t i{} = block + j;", last));
+    for (size_t e = 0; e < k_.exprs.size(); ++e)
+      if (k_.exprs[e].kind == ExprKind::reduce)
+        line(depth, fmt::format("const {} acc{} = acc{}_col[j];", register_type(k_.exprs[e].dtype), e, e));
+    body(depth, true);
+    stores(depth, false);
+    line(--depth, "}");
+    line(--depth, "}");
+    close_loops(depth, last);
   }
 };
 

@@ -98,7 +98,7 @@ std::string KernelRenderer::index(const Buffer& buf, bool unit) const {
   std::string text = buf.name + "_off";
   for (int32_t d = 0; d < k_.rank; ++d) {
     if (buf.broadcasts(d)) continue;
-    if (unit && d == k_.rank - 1) text += fmt::format(" + i{}", d);
+    if ((unit && d == k_.rank - 1) || (!buf.output && d == unit_input_dim_)) text += fmt::format(" + i{}", d);
     else text += fmt::format(" + i{} * {}_s{}", d, buf.name, d);
   }
   return fmt::format("{}[{}]", buf.name, text);
@@ -146,12 +146,13 @@ void KernelRenderer::stores(int depth, bool unit) {
   }
 }
 
-void KernelRenderer::combine_reductions(int depth, const std::string& x) {
+void KernelRenderer::combine_reductions(int depth, const std::string& x, const std::string& acc) {
   for (size_t e = 0; e < k_.exprs.size(); ++e) {
     const Expr& r = k_.exprs[e];
     if (r.kind != ExprKind::reduce) continue;
     const std::string operand = fmt::format(fmt::runtime(x), e, r.args[0]);
-    line(depth, fmt::format("acc{} = kiln::scalar::{}(acc{}, {});", e, r.op, e, operand));
+    const std::string into = fmt::format(fmt::runtime(acc), e);
+    line(depth, fmt::format("{} = kiln::scalar::{}({}, {});", into, r.op, into, operand));
   }
 }
 

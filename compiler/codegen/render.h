@@ -50,14 +50,18 @@ class KernelRenderer {
   // false: every expr of a pointwise kernel) or after it.
   void body(int depth, bool after, bool unit = false);
   void stores(int depth, bool unit);
-  // `acc<e> = <op>(acc<e>, <x>);` for every reduce, combining in `x` (fmt::format(x, e)).
-  void combine_reductions(int depth, const std::string& x);
+  // `acc<e> = <op>(acc<e>, <x>);` for every reduce, combining in `x` (fmt::format(x, e)); `acc`
+  // names the accumulator (fmt::format(acc, e)).
+  void combine_reductions(int depth, const std::string& x, const std::string& acc = "acc{0}");
   // `T acc<e> = <identity>;` for every reduce.
   void declare_accumulators(int depth, const std::string& prefix = "");
 
   const Kernel& k_;
   const TargetSyntax& syntax_;
   std::vector<bool> after_;
+  // A dim every input buffer walks with stride 1 in the code being written (checked at run
+  // time by its branch), or -1: its index terms drop the stride, so the loop vectorizes.
+  int32_t unit_input_dim_ = -1;
   std::string out_;
 };
 

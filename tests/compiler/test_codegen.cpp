@@ -274,3 +274,26 @@ TEST_CASE("codegen: a call merges the dims that every buffer walks as one", "[co
   const CompiledKernel csum = compile_cpp(render_cpp(ks), cpp_symbol(ks));
   KILN_CHECK_CLOSE(run(s, ks, csum, ws)[0], interpret(s, ws)[0], 1e-6, 1e-6);
 }
+
+TEST_CASE("codegen: column reductions read rows of outputs and sum in the row nest's order", "[codegen]") {
+  // mean(x * 3, dim 0) over x [33, 150]: contiguous, the kept dim is unit-stride and the
+  // reduced one is not, so the kernel takes its column nest (blocks of 64 outputs: two whole
+  // and a partial one); the same x stored transposed takes the row nest. Each output sums
+  // its 33 elements in the same order either way: equal bit for bit.
+  TempCache cache;
+  Graph g;
+  const Value x = g.add_input("x", f32({33, 150}));
+  g.set_outputs({op(g, "mean", {op(g, "mul", {x, number(g, 3.0)})}, {{"dims", std::vector<int64_t>{0}}})});
+  const Kernel k = lower_reduction(g, compute_nodes(g));
+  const std::string source = render_cpp(k);
+  INFO(source);
+  CHECK_THAT(source, Contains("_col[64]"));
+  const CompiledKernel c = compile_cpp_batch({{source, cpp_symbol(k)}}).at(0);
+  const Tensor rows = randn({33, 150});
+  const Tensor columns = rows.t().contiguous().t();  // the same values, stored transposed
+  REQUIRE(columns.strides()[0] == 1);
+  const Tensor by_column = run(g, k, c, {rows})[0];
+  const Tensor by_row = run(g, k, c, {columns})[0];
+  KILN_CHECK_EQUAL(by_column, by_row);
+  KILN_CHECK_CLOSE(by_column, mean(rows * 3, {0}), 1e-6, 1e-6);
+}
