@@ -257,7 +257,10 @@ void run_sgd(Span in, const Tensor& p_out, const Tensor& buf_out, const Attrs& a
   const double lr = in[3].item<double>(), momentum = in[4].item<double>(), dampening = in[5].item<double>(),
                weight_decay = in[6].item<double>();
   const bool nesterov = attrs.b("nesterov"), maximize = attrs.b("maximize"), first = attrs.b("first");
-  const bool has_buf = in[2].defined(), decay = weight_decay != 0;
+  // Momentum 0 (a schedule's) leaves an existing buffer as it is, as PyTorch skips it.
+  const bool resting = in[2].defined() && momentum == 0;
+  const bool has_buf = in[2].defined() && !resting, decay = weight_decay != 0;
+  if (resting && buf_out.defined() && buf_out.storage() != in[2].storage()) Tensor(buf_out).copy_(in[2]);
   const Device device = p.device();
   const std::string key = fmt::format("sgd|{}|{}{}{}{}{}", shape_pattern(p), has_buf, decay, nesterov, maximize, first);
   const GraphKernel& k = graph_kernel(key, false, device, "sgd_update", [&] {

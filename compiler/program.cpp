@@ -311,8 +311,8 @@ namespace {
 // handles (its value slot and the kernel's argument) are the only ones, no view or other
 // tensor shares the storage, and t is dense in the type's layout.
 bool reusable(const Tensor& t, const TensorType& type) {
-  if (!t.defined() || t.impl_ptr().use_count() != 2 || t.storage().use_count() != 1 || t.impl()->view_base ||
-      t.impl()->autograd || t.offset() != 0)
+  if (!t.defined() || t.impl_ptr().use_count() != 2 || t.storage().use_count() != 1 || !t.storage()->deleter ||
+      t.impl()->view_base || t.impl()->autograd || t.offset() != 0)
     return false;
   const Shape strides = strides_for(type.shape, type.memory_format());
   for (size_t d = 0; d < strides.size(); ++d)
@@ -525,7 +525,7 @@ std::string Program::describe() const {
     eager += s.kind == FusionGroup::eager;
     views += s.kind == FusionGroup::view;
   }
-  std::string out = fmt::format("program: {} steps for {} op nodes: {} kernels, {} eager, {} views; planned peak {:.2f} MiB\n",
+  std::string out = fmt::format("program: {} steps for {} op nodes: {} kernels, {} eager, {} views; planned peak ~{:.2f} MiB\n",
                                 steps_.size(), ops, num_kernels(), eager, views,
                                 static_cast<double>(planned_peak_bytes_) / 1048576.0);
   auto numbers = [&](const std::vector<int32_t>& nodes) {

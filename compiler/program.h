@@ -50,7 +50,8 @@ class Program {
 
   // The memory plan's peak: the most bytes of values made by the program alive at once
   // (graph inputs and library ops' scratch not counted), with the in-place write-backs and
-  // buffer reuse planned; views cost nothing, outputs live to the end.
+  // buffer reuse planned; views cost nothing, outputs live to the end. An estimate: run()
+  // allocates where a planned reuse or in-place write fails its run-time check.
   int64_t planned_peak_bytes() const { return planned_peak_bytes_; }
 
   // One line per step: kernels with their kind, space and nodes, eager ops, views.

@@ -183,6 +183,11 @@ class Tracer {
                "trace: the default generator was reseeded or moved back inside the traced function (seed {} "
                "offset {} before, seed {} offset {} after), which replay cannot repeat; seed it outside",
                random_seed_, random_start_, gen.seed(), gen.offset());
+    KILN_CHECK(gen.offset() == random_next_,
+               "trace: {} counters of the default generator were drawn after the last traced random op by "
+               "something the trace did not see (another thread, or code outside the op registry); replay "
+               "could not repeat it",
+               gen.offset() - random_next_);
     trace_.random_count = gen.offset() - random_start_;
   }
 
@@ -284,11 +289,19 @@ class Tracer {
                "trace: the default generator was reseeded (manual_seed) inside the traced function before {}, "
                "which replay cannot repeat; seed it outside",
                op);
+    // The op's counters must start where the last traced draw ended: a gap is a draw the
+    // trace did not see (another thread's, or one outside the registry), which replay
+    // would repeat for every call.
     KILN_CHECK(seed == random_seed_ && offset >= random_next_ && offset <= now,
                "trace: random op {} draws from a generator other than the default one (seed {}, offset {}; the "
                "default generator is at seed {}, offset {}): only the default generator can be traced; pass no "
                "generator, or run this op outside the compiled function",
                op, seed, offset, random_seed_, now);
+    KILN_CHECK(offset == random_next_,
+               "trace: random op {} drew counters {} to {} of the default generator, but {} counters were drawn "
+               "since the last traced random op by something the trace did not see (another thread, or code "
+               "outside the op registry); replay could not repeat it",
+               op, offset, now, offset - random_next_);
     random_next_ = now;
     if (trace_.random_input < 0) {
       const Tensor base = random_base_tensor(random_seed_, random_start_);

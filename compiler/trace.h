@@ -45,6 +45,8 @@
 //   have branched on it, so the graph holds for that value only and another value traces
 //   again. A host read of a value computed in the step (loss.item(), a counter fn added to
 //   first) is refused as "item": the graph cannot hold what eager code made of the number.
+//   So is a read through a view of an input (hp[0].item()): the guard reads whole inputs.
+//   Reads through data_ptr() are not seen (the version check catches writes only).
 //
 // Refused with a kiln::Error naming the op, for now: random ops given another generator
 // than the default one, reseeding the default generator inside fn, ops that mutate inputs

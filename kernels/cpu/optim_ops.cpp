@@ -102,7 +102,9 @@ template <class T>
   for (int64_t i = begin; i < end; ++i) {
     T d = c.maximize ? -x.g[i] : x.g[i];
     if (c.decay) d = d + c.weight_decay * x.p[i];
-    if (x.buf_out) {
+    if (x.buf_out && c.momentum == T(0)) {
+      x.buf_out[i] = x.buf[i];  // momentum 0 (a schedule's): the buffer rests, as PyTorch skips it
+    } else if (x.buf_out) {
       const T buf = c.first ? d : c.momentum * x.buf[i] + c.one_minus_dampening * d;
       x.buf_out[i] = buf;
       d = c.nesterov ? d + c.momentum * buf : buf;

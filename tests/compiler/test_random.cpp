@@ -135,6 +135,19 @@ TEST_CASE("random: a random op given another generator is refused naming it", "[
     return {y};
   };
   CHECK_THROWS_WITH(trace(reseeds_last, {x}), Contains("reseeded"));
+  // Counters drawn outside the registry (or by another thread) before or after the traced
+  // random ops: replay would draw them again every call.
+  auto draws_before = [](const Args& a) -> Args {
+    (void)default_generator().reserve(10);
+    return {dropout(a[0], 0.5, true)};
+  };
+  CHECK_THROWS_WITH(trace(draws_before, {x}), Contains("dropout") && Contains("did not see"));
+  auto draws_after = [](const Args& a) -> Args {
+    Tensor y = dropout(a[0], 0.5, true);
+    (void)default_generator().reserve(10);
+    return {y};
+  };
+  CHECK_THROWS_WITH(trace(draws_after, {x}), Contains("10 counters") && Contains("did not see"));
 }
 
 TEST_CASE("random: verify checks the random input", "[random][ir]") {

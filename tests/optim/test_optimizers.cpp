@@ -124,6 +124,23 @@ TEST_CASE("SGD with momentum and weight decay matches hand-computed updates", "[
   require_values(sgd.state(p).at("momentum_buffer"), {1.60326, 2.13768}, 1e-12);
 }
 
+TEST_CASE("SGD with momentum scheduled to 0 leaves its buffer and applies the plain step", "[optim]") {
+  // As PyTorch: momentum 0 skips the buffer, whatever the dampening. Step 1 (momentum 0.9,
+  // dampening 0.5) makes buf = g = [0.5, 1]; then momentum 0: p -= 0.1 g, buf unchanged.
+  Tensor p = param_of({1.0, -2.0}), q = param_of({3.0});  // two parameters: the multi op too
+  optim::SGD sgd({p, q}, {.lr = 0.1, .momentum = 0.9, .dampening = 0.5});
+  p.set_grad(tensor_of({0.5, 1.0}, {}, DType::f64));
+  q.set_grad(tensor_of({2.0}, {}, DType::f64));
+  sgd.step();
+  require_values(p, {0.95, -2.1}, 1e-12);
+  sgd.param_groups()[0].set("momentum", 0.0);
+  sgd.step();
+  require_values(p, {0.9, -2.2}, 1e-12);
+  require_values(q, {2.6}, 1e-12);
+  require_values(sgd.state(p).at("momentum_buffer"), {0.5, 1.0}, 1e-12);
+  require_values(sgd.state(q).at("momentum_buffer"), {2.0}, 1e-12);
+}
+
 TEST_CASE("SGD nesterov and maximize match hand-computed updates", "[optim]") {
   // g = 1, lr 0.1, momentum 0.5: step 1 buf = 1, d = 1.5, p = -0.15; step 2 buf = 1.5,
   // d = 1.75, p = -0.325. maximize flips the sign of every update.
