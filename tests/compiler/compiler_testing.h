@@ -10,6 +10,7 @@
 
 #include "compiler/ir/graph.h"
 #include "core/grad_mode.h"
+#include "core/ops/optim_ops.h"
 #include "models/module.h"
 
 namespace kiln::testing {
@@ -68,6 +69,22 @@ inline std::vector<int32_t> compute_nodes(const compiler::Graph& g) {
     if (g.nodes()[n].kind == compiler::NodeKind::op && g.nodes()[n].def->kind == OpKind::compute)
       nodes.push_back(static_cast<int32_t>(n));
   return nodes;
+}
+
+// The SGD hyperparameter and flag combinations the update tests cover: plain, weight
+// decay with maximize, a first momentum step, dampening, nesterov, all at once.
+struct SgdVariant {
+  double momentum, dampening, weight_decay;
+  SGDFlags flags;
+};
+inline std::vector<SgdVariant> sgd_variants() {
+  return {{0, 0, 0, {}},          {0, 0, 0.1, {false, true, false}},   {0.9, 0, 0, {false, false, true}},
+          {0.9, 0.2, 0.01, {}},   {0.8, 0, 0.05, {true, false, false}}, {0.9, 0.1, 0.01, {false, true, false}}};
+}
+inline std::string sgd_variant_text(const SgdVariant& v) {
+  return "momentum " + std::to_string(v.momentum) + " dampening " + std::to_string(v.dampening) +
+         " weight_decay " + std::to_string(v.weight_decay) + " nesterov " + std::to_string(v.flags.nesterov) +
+         " maximize " + std::to_string(v.flags.maximize) + " first " + std::to_string(v.flags.first);
 }
 
 }  // namespace kiln::testing

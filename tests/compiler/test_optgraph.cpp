@@ -127,17 +127,8 @@ void check_adamw_op(DType dtype, bool amsgrad, double wd, bool maximize) {
 
 TEST_CASE("sgd_update ops equal the hand-written update", "[optgraph]") {
   manual_seed(11);
-  struct Variant {
-    double momentum, dampening, weight_decay;
-    SGDFlags flags;
-  };
-  for (const Variant& v : {Variant{0, 0, 0, {}}, Variant{0, 0, 0.1, {false, true, false}},
-                           Variant{0.9, 0, 0, {false, false, true}}, Variant{0.9, 0.2, 0.01, {}},
-                           Variant{0.8, 0, 0.05, {true, false, false}},
-                           Variant{0.9, 0.1, 0.01, {false, true, false}}}) {
-    INFO("momentum " << v.momentum << " dampening " << v.dampening << " weight_decay "
-                     << v.weight_decay << " nesterov " << v.flags.nesterov << " maximize "
-                     << v.flags.maximize << " first " << v.flags.first);
+  for (const kiln::testing::SgdVariant& v : kiln::testing::sgd_variants()) {
+    INFO(kiln::testing::sgd_variant_text(v));
     check_sgd_op<double>(DType::f64, v.momentum, v.dampening, v.weight_decay, v.flags);
     check_sgd_op<float>(DType::f32, v.momentum, v.dampening, v.weight_decay, v.flags);
   }
