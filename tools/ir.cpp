@@ -41,7 +41,9 @@ int list_ops() {
     }
     std::string notes;
     if (op->random) notes += "random ";
-    if (!op->mutated_inputs.empty()) {
+    if (op->mutated_inputs_of) {
+      notes += "writes inputs (per call)";
+    } else if (!op->mutated_inputs.empty()) {
       notes += "writes input";
       for (int i : op->mutated_inputs) notes += fmt::format(" {}", i);
     }

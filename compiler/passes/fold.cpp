@@ -9,7 +9,7 @@ namespace {
 
 // The node's value computed now, by the kernel the program would have run.
 Replacement fold_constant(Rewriter& rw, const Candidate& c) {
-  if (c.def.random || c.op() == "empty" || !c.def.mutated_inputs.empty()) return std::nullopt;
+  if (c.def.random || c.op() == "empty" || c.def.mutates_inputs()) return std::nullopt;
   if (c.outputs.size() != 1 || !c.outputs[0].shape.empty() || !c.outputs[0].device.is_cpu())
     return std::nullopt;
   std::vector<Tensor> args;
