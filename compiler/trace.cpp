@@ -105,15 +105,15 @@ class Tracer {
 
   // A host read (item()) inside fn: a guard on an unwritten graph input's value, or a
   // refusal (trace.h).
-  void on_host_read(const Tensor& t) {
+  void on_host_read(const Tensor& t, const char* reader) {
     if (busy_ || trace_.broken() || t.is_wrapped_number()) return;
     busy_ = true;
     try {
-      record_host_read(t);
+      record_host_read(t, reader);
     } catch (const Error& e) {
       busy_ = false;
       if (!options_.allow_break) throw;
-      stop("item", e.what());
+      stop(reader, e.what());
       return;
     } catch (...) {
       busy_ = false;
@@ -122,16 +122,16 @@ class Tracer {
     busy_ = false;
   }
 
-  void record_host_read(const Tensor& t) {
-    const Value v = value_of(t, "item", {});
+  void record_host_read(const Tensor& t, const char* reader) {
+    const Value v = value_of(t, reader, {});
     const Known* k = find(t);
     const bool input = k && k->input.defined() && k->value == k->input;
     if (!input) {
       const StorageState* state = storage_state(t);
-      fail("trace: item() reads {} on the host inside the traced function, a value computed in the step "
+      fail("trace: {}() reads {} on the host inside the traced function, a value computed in the step "
            "({}): the graph cannot hold what the function makes of the number; read it after the step, "
            "or compile without fullgraph (the step then runs eagerly)",
-           t.meta_str(), state ? state->what : "by an op");
+           reader, t.meta_str(), state ? state->what : "by an op");
     }
     const std::vector<Value>& inputs = trace_.graph.inputs();
     const auto index = static_cast<int64_t>(std::find(inputs.begin(), inputs.end(), v) - inputs.begin());
@@ -586,7 +586,7 @@ Trace trace(const TracedFunction& fn, const std::vector<Tensor>& args,
   std::vector<Tensor> returned;
   {
     OpHookGuard hook([&tracer](const OpCall& call) { tracer.on_call(call); });
-    HostReadHookGuard host_reads([&tracer](const Tensor& t) { tracer.on_host_read(t); });
+    HostReadHookGuard host_reads([&tracer](const Tensor& t, const char* reader) { tracer.on_host_read(t, reader); });
     returned = fn(args);
   }
   result.num_results = static_cast<int64_t>(returned.size());

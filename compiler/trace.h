@@ -46,7 +46,8 @@
 //   again. A host read of a value computed in the step (loss.item(), a counter fn added to
 //   first) is refused as "item": the graph cannot hold what eager code made of the number.
 //   So is a read through a view of an input (hp[0].item()): the guard reads whole inputs.
-//   Reads through data_ptr() are not seen (the version check catches writes only).
+//   Other reads through data_ptr() are not seen unless they report themselves
+//   (report_host_read: clip_grad_norm_ does, so clipping inside a step is a break).
 //
 // Refused with a kiln::Error naming the op, for now: random ops given another generator
 // than the default one, reseeding the default generator inside fn, ops that mutate inputs

@@ -210,8 +210,8 @@ HostReadHookGuard::HostReadHookGuard(HostReadHook hook) : previous_(std::move(t_
 }
 HostReadHookGuard::~HostReadHookGuard() { t_host_read_hook = std::move(previous_); }
 
-void report_host_read(const Tensor& t) {
-  if (t_depth == 0 && t_unguarded_reads == 0 && t_host_read_hook) t_host_read_hook(t);
+void report_host_read(const Tensor& t, const char* reader) {
+  if (t_depth == 0 && t_unguarded_reads == 0 && t_host_read_hook) t_host_read_hook(t, reader);
 }
 
 OpHookGuard::OpHookGuard(OpHook hook) : previous_(std::move(t_hook)) { t_hook = std::move(hook); }

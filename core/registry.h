@@ -160,7 +160,7 @@ class OpHookGuard {
 // installed like OpHook) when called outside a kernel, so that a tracer can tell a value
 // read on the host (which eager code may branch on, or turn into a number) from the ops it
 // records: the graph would bake the value in. Install with HostReadHookGuard; guards nest.
-using HostReadHook = std::function<void(const Tensor&)>;
+using HostReadHook = std::function<void(const Tensor&, const char* reader)>;
 class HostReadHookGuard {
  public:
   explicit HostReadHookGuard(HostReadHook hook);
@@ -171,9 +171,10 @@ class HostReadHookGuard {
  private:
   HostReadHook previous_;
 };
-// Called by the host reads (item()); does nothing without a hook, inside a kernel, or
-// inside an UnguardedHostReads scope.
-void report_host_read(const Tensor& t);
+// Called by the host reads (item(), clip_grad_norm_'s loop over the gradients; `reader`
+// names it in messages); does nothing without a hook, inside a kernel, or inside an
+// UnguardedHostReads scope.
+void report_host_read(const Tensor& t, const char* reader);
 // Host reads in this scope only validate (an optimizer checking lr >= 0): whatever value
 // passes, the ops that follow are the same, so a tracer need not guard them.
 class UnguardedHostReads {

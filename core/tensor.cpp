@@ -145,7 +145,7 @@ T Tensor::item() const {
   KILN_CHECK(defined(), "item: tensor is undefined");
   KILN_CHECK(numel() == 1, "item: a tensor with {} elements ({}) cannot be converted to a scalar",
              numel(), meta_str());
-  report_host_read(*this);
+  report_host_read(*this, "item");
   Tensor c = device().is_cpu() ? *this : to(Device::cpu());
   return visit_dtype(c.dtype(), [&]<class S>() -> T {
     const S v = *static_cast<const S*>(c.data_ptr());

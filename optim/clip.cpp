@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "core/grad_mode.h"
+#include "core/registry.h"
 
 namespace kiln::optim {
 
@@ -19,6 +20,9 @@ double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, doubl
     KILN_CHECK(is_floating(g.dtype()) && g.device().is_cpu(),
                "clip_grad_norm_: gradients must be floating CPU tensors, got {}", g.meta_str());
     grads.push_back(g);
+    // The norm is summed here on the host, and the scale it gives becomes a number: a
+    // traced step must not bake it in (compiler/trace.h, host reads).
+    report_host_read(g, "clip_grad_norm_");
     const Tensor c = g.contiguous();
     visit_dtype(c.dtype(), [&]<class T>() {
       const T* data = static_cast<const T*>(c.data_ptr());

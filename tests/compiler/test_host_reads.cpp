@@ -4,6 +4,7 @@
 #include "compiler/compile.h"
 #include "compiler/trace.h"
 #include "models/norm_layers.h"
+#include "optim/clip.h"
 #include "optim/sgd.h"
 #include "testing.h"
 
@@ -121,4 +122,31 @@ TEST_CASE("past the cache limit a call that matches no graph runs eagerly", "[ho
   CHECK(f.eager_fallbacks() == 3);
   KILN_CHECK_CLOSE(f({scalar_tensor(1.0, DType::f64), y})[0], y, 1e-12, 1e-12);  // still cached
   CHECK(f.eager_fallbacks() == 3);
+}
+
+TEST_CASE("clip_grad_norm_ inside a traced step is a graph break, not a baked scale", "[host-reads]") {
+  // The norm is summed on the host from gradients the step computed; the clipping scale it
+  // gives would otherwise be a constant of the graph, right only for the traced batch.
+  manual_seed(9);
+  Tensor w = randn({3, 2}).requires_grad_(true);
+  auto fn = [&](const Args& a) -> Args {
+    Tensor loss = sum(mm(a[0], w) * mm(a[0], w));
+    loss.backward();
+    optim::clip_grad_norm_({w}, 0.5);
+    return {loss.detach()};
+  };
+  CompiledFunction strict = compile(fn, {.fullgraph = true});
+  w.set_grad({});
+  CHECK_THROWS_WITH(strict({randn({4, 3})}), Contains("clip_grad_norm_()") && Contains("computed in the step"));
+  CompiledFunction f = compile(fn);
+  for (int i = 0; i < 3; ++i) {
+    const Tensor x = randn({4, 3}) * static_cast<double>(i + 1);
+    w.set_grad({});
+    f({x});
+    const Tensor compiled_grad = w.grad().clone();
+    w.set_grad({});
+    fn({x});
+    KILN_CHECK_CLOSE(compiled_grad, w.grad(), 1e-6, 1e-7);
+  }
+  CHECK(f.graph_breaks() == 1);
 }
