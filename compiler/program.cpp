@@ -314,9 +314,7 @@ bool reusable(const Tensor& t, const TensorType& type) {
   if (!t.defined() || t.impl_ptr().use_count() != 2 || t.storage().use_count() != 1 || !t.storage()->deleter ||
       t.impl()->view_base || t.impl()->autograd || t.offset() != 0)
     return false;
-  const Shape strides = strides_for(type.shape, type.memory_format());
-  for (size_t d = 0; d < strides.size(); ++d)
-    if (type.shape[d] != 1 && t.strides()[d] != strides[d]) return false;
+  if (!t.is_contiguous(type.memory_format())) return false;  // no Shape built per kernel output per run
   return t.storage()->nbytes == static_cast<size_t>(t.numel()) * itemsize(t.dtype());
 }
 
