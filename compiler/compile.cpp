@@ -220,20 +220,20 @@ std::vector<bool> outputs_to_copy(const Graph& traced, const Graph& optimized) {
   return copy;
 }
 
-// Installs the backend's runner in `t` (the interpreter needs none) and writes the dumps of
-// each stage when `dump_dir` is set.
-std::shared_ptr<Program> install_backend(Trace& t, const CompileOptions& options) {
+// The generated program of a traced graph (null with the interpreter backend), writing the
+// dumps of each stage when `dump_dir` is set; `copy` gets outputs_to_copy.
+std::shared_ptr<Program> build_program(const Graph& traced, const CompileOptions& options, std::vector<bool>* copy) {
   const bool dump = !options.dump_dir.empty();
   const int64_t number = dump ? dumped_graphs++ : 0;
-  if (dump) dump_file(options.dump_dir, number, "trace.ir", print(t.graph));
+  if (dump) dump_file(options.dump_dir, number, "trace.ir", print(traced));
   if (options.backend == "interpreter") return nullptr;
   std::vector<PassRecord> records;
-  Graph optimized = run_pipeline(t.graph, default_compile_passes(options.layout), &records, false);
+  Graph optimized = run_pipeline(traced, default_compile_passes(options.layout), &records, false);
   if (dump) {
     dump_file(options.dump_dir, number, "simplified.ir", print(optimized));
     dump_file(options.dump_dir, number, "passes.txt", timing_table(records));
   }
-  const std::vector<bool> copy = outputs_to_copy(t.graph, optimized);
+  if (copy) *copy = outputs_to_copy(traced, optimized);
   auto program = std::make_shared<Program>(std::move(optimized));
   const char* env = std::getenv("KILN_PROFILE");
   if (options.profile || (env && std::string(env) == "1")) program->set_profiling(true);
@@ -242,6 +242,14 @@ std::shared_ptr<Program> install_backend(Trace& t, const CompileOptions& options
     dump_file(options.dump_dir, number, "kernels.txt", program->kernels_text());
     dump_file(options.dump_dir, number, "source.cpp", program->sources_text());
   }
+  return program;
+}
+
+// Installs the backend's runner in `t` (the interpreter needs none).
+std::shared_ptr<Program> install_backend(Trace& t, const CompileOptions& options) {
+  std::vector<bool> copy;
+  std::shared_ptr<Program> program = build_program(t.graph, options, &copy);
+  if (!program) return nullptr;
   t.runner = [program, copy](const std::vector<Tensor>& inputs) {
     std::vector<Tensor> outputs = program->run(inputs);
     for (size_t i = 0; i < outputs.size(); ++i)
@@ -296,6 +304,38 @@ struct CompiledFunction::State {
   std::string warning;
   int64_t eager_fallbacks = 0;
   std::string cache_full_warning;
+  // Split runs (entries with a graph break): the pieces' programs by structural hash.
+  std::unordered_map<uint64_t, std::shared_ptr<Program>> pieces;
+  int64_t split_calls = 0;
+  std::vector<SplitPiece> last_split;
+  std::string pieces_full_warning;
+
+  // fn run split (trace.h): the pieces between the breaks run compiled.
+  std::vector<Tensor> run_split_call(const std::vector<Tensor>& args) {
+    ++split_calls;
+    last_split.clear();
+    const PieceRunner run_piece = [this](const Graph& graph, const std::vector<Tensor>& inputs) {
+      if (options.backend == "interpreter") return interpret(graph, inputs);
+      const uint64_t hash = graph.structural_hash();
+      auto it = pieces.find(hash);
+      if (it == pieces.end()) {
+        if (static_cast<int64_t>(pieces.size()) >= options.cache_limit) {
+          // Pieces that change every call (numbers read on the host shaping the graph)
+          // would compile every call: past the limit new ones run through the interpreter.
+          if (pieces_full_warning.empty()) {
+            pieces_full_warning = fmt::format(
+                "kiln::compile: {} compiled pieces of split runs (the cache limit); new pieces run uncompiled",
+                pieces.size());
+            std::cerr << pieces_full_warning << '\n';
+          }
+          return interpret(graph, inputs);
+        }
+        it = pieces.emplace(hash, build_program(graph, options, nullptr)).first;
+      }
+      return it->second->run(inputs);
+    };
+    return run_split(fn, args, options.trace, run_piece, &last_split);
+  }
 };
 
 CompiledFunction compile(TracedFunction fn, CompileOptions options) {
@@ -317,7 +357,7 @@ std::vector<Tensor> CompiledFunction::operator()(const std::vector<Tensor>& args
   const Signature signature = Signature::of(args);
   for (const Entry& entry : s.entries) {
     if (!(entry.signature == signature) || !entry.captured_change(args).empty()) continue;
-    return entry.eager() ? s.fn(args) : entry.trace.replay(args);
+    return entry.eager() ? s.run_split_call(args) : entry.trace.replay(args);
   }
 
   // A miss: what changed since the closest entry (fewest differing guards, the newest on
@@ -382,6 +422,13 @@ int64_t CompiledFunction::cache_size() const {
 }
 int64_t CompiledFunction::calls() const { return state_ ? state_->calls : 0; }
 int64_t CompiledFunction::eager_fallbacks() const { return state_ ? state_->eager_fallbacks : 0; }
+int64_t CompiledFunction::split_calls() const { return state_ ? state_->split_calls : 0; }
+int64_t CompiledFunction::piece_programs() const {
+  return state_ ? static_cast<int64_t>(state_->pieces.size()) : 0;
+}
+std::vector<SplitPiece> CompiledFunction::last_split() const {
+  return state_ ? state_->last_split : std::vector<SplitPiece>();
+}
 int64_t CompiledFunction::graph_breaks() const {
   int64_t n = 0;
   if (state_)
@@ -421,7 +468,8 @@ std::string explain(TracedFunction fn, const std::vector<Tensor>& args, CompileO
     out += fmt::format("graph break at {}: {}\n",
                        t.break_op.empty() ? "a write outside the op registry" : t.break_op,
                        t.break_reason);
-    out += "the function runs eagerly for these guards\n";
+    out += "later calls with these guards run the function split: the ops between breaks are recorded as "
+           "they are called and run as compiled pieces, a refused op runs eagerly (CompiledFunction::last_split)\n";
     return out;
   }
   const Graph& g = t.graph;

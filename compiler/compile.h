@@ -37,12 +37,14 @@
 //
 // Graph breaks: the tracer refuses some programs (random ops given another generator,
 // in-place writes into views, an optimizer's first step (it creates state), writes
-// outside the op registry). With `fullgraph` the refusal is thrown
-// as a kiln::Error naming the op, from the middle of fn: the ops before the refused one
-// (and the refused one itself) already ran eagerly. Without it, tracing just stops
-// recording at the refusal and fn runs on, eagerly, to its end -- so the call that found
-// the break ran fn exactly once, as eager code would -- and that cache entry runs fn
-// eagerly from then on, without tracing again.
+// outside the op registry, a value computed in the step read on the host). With
+// `fullgraph` the refusal is thrown as a kiln::Error naming the op, from the middle of fn:
+// the ops before the refused one (and the refused one itself) already ran eagerly. Without
+// it, tracing just stops recording at the refusal and fn runs on, eagerly, to its end --
+// so the call that found the break ran fn exactly once, as eager code would -- and later
+// calls matching that entry's guards run fn split (compiler/trace.h, run_split): fn runs
+// with its ops deferred and recorded, and the pieces between the breaks (host reads of
+// computed values, refused ops) run as compiled programs, cached by their graph's hash.
 //
 // A leaf's .grad guard is taken as the trace first saw the leaf: a function that clears
 // .grad itself (zero_grad(set_to_none) inside fn) after the first call recompiles on every
@@ -98,8 +100,13 @@ class CompiledFunction {
   int64_t recompiles() const;  // traces after the first
   int64_t cache_size() const;  // cached entries, graph breaks included
   int64_t calls() const;
-  int64_t graph_breaks() const;  // cached entries that run eagerly
+  int64_t graph_breaks() const;  // cached entries that found a graph break (they run split)
   int64_t eager_fallbacks() const;  // calls run eagerly because the cache was full
+  // Calls of entries with a graph break, which run fn split (compiler/trace.h, run_split);
+  // the distinct piece programs compiled for them; the pieces of the last such call.
+  int64_t split_calls() const;
+  int64_t piece_programs() const;
+  std::vector<SplitPiece> last_split() const;
   // The reason of the last recompile ("arg0's shape changed from [8,3] to [9,3]"); "" if none.
   std::string last_recompile_reason() const;
   // The recompile-limit warning once printed; "" before the limit was passed.

@@ -145,6 +145,34 @@ struct Trace {
 // Runs fn(args) once, eagerly, recording it. The results returned are the eager ones.
 Trace trace(const TracedFunction& fn, const std::vector<Tensor>& args, const TraceOptions& options = {});
 
+// Split runs: fn run with its op calls deferred and recorded, in pieces. Where a function
+// cannot be one graph (it reads a value it computed on the host, calls an op the tracer
+// refuses), it still runs compiled between those points: each call runs fn under the
+// registry's DeferHook, so ops compute nothing when called (their outputs are pending
+// tensors, core/storage.h) and are recorded into a piece's graph as trace() records them.
+// The piece ends when
+// - fn reads on the host (item(), a reported read) a value the piece computes or writes,
+//   or reads a pending tensor's memory (data_ptr()): the piece runs, the read sees its value;
+// - an op call is refused by the tracer: the piece runs, then that call runs eagerly;
+// - fn returns (or throws).
+// Running a piece: its graph's outputs are the values of the pending tensors still alive
+// (held by fn's variables, autograd's saved tensors, a leaf's .grad), which take the
+// results' memory (or a copy of them); its write-backs update the tensors fn wrote in place.
+// So each call records the pieces afresh, as eager code runs (its branches, its numbers),
+// and runs each through `run_piece` (the compiler caches programs by the piece graph's
+// structural hash). Tensors fn writes through data_ptr() are not seen, and a data_ptr()
+// read of a tensor a pending piece writes in place sees its old content.
+struct SplitPiece {
+  int64_t ops = 0;     // op nodes recorded
+  uint64_t hash = 0;   // the piece graph's structural hash
+  std::string end;     // what ended it: "item", a refused op's name, "return", ...
+  std::string reason;  // for a refused op, the tracer's refusal
+};
+using PieceRunner = std::function<std::vector<Tensor>(const Graph& graph, const std::vector<Tensor>& inputs)>;
+// Runs fn(args) split; returns fn's results (computed) and, in `pieces`, what ran.
+std::vector<Tensor> run_split(const TracedFunction& fn, const std::vector<Tensor>& args, const TraceOptions& options,
+                              const PieceRunner& run_piece, std::vector<SplitPiece>* pieces = nullptr);
+
 // Runs a graph on real tensors through the eager ops, without recording autograd: the
 // reference the compiled runtime is tested against. `inputs` are the tensors of the graph
 // inputs in order (types must match: kiln::Error naming the input otherwise). Write-backs

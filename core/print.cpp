@@ -143,6 +143,7 @@ std::string Tensor::str() const {
   if (numel() == 0) {
     out += "[]";
   } else {
+    (void)c.data_ptr();  // a pending value is computed first
     const char* base = static_cast<const char*>(c.storage()->data);
     auto read = visit_dtype(c.dtype(), [&]<class T>() -> std::function<Value(int64_t)> {
       return [base](int64_t offset) {

@@ -211,7 +211,44 @@ HostReadHookGuard::HostReadHookGuard(HostReadHook hook) : previous_(std::move(t_
 HostReadHookGuard::~HostReadHookGuard() { t_host_read_hook = std::move(previous_); }
 
 void report_host_read(const Tensor& t, const char* reader) {
-  if (t_depth == 0 && t_unguarded_reads == 0 && t_host_read_hook) t_host_read_hook(t, reader);
+  if (t_depth == 0 && t_host_read_hook) t_host_read_hook(t, reader, t_unguarded_reads == 0);
+}
+
+namespace {
+thread_local DeferHook t_defer_hook;
+thread_local PendingHook t_pending_hook;
+
+// Whether this call runs no kernel (DeferHookGuard): only top-level calls are deferred.
+bool defers(const OpDef& op) { return t_depth == 0 && t_defer_hook && t_defer_hook(op); }
+
+// A tensor as the shape rule describes it, over a pending storage.
+Tensor pending_tensor(const TensorMeta& m) {
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = pending_storage(static_cast<size_t>(numel_of(m.shape)) * itemsize(m.dtype), m.device);
+  impl->strides = strides_for(m.shape, m.memory_format);
+  impl->shape = m.shape;
+  impl->dtype = m.dtype;
+  impl->device = m.device;
+  return Tensor(std::move(impl));
+}
+}  // namespace
+
+DeferHookGuard::DeferHookGuard(DeferHook hook) : previous_(std::move(t_defer_hook)) {
+  t_defer_hook = std::move(hook);
+}
+DeferHookGuard::~DeferHookGuard() { t_defer_hook = std::move(previous_); }
+
+PendingHookGuard::PendingHookGuard(PendingHook hook) : previous_(std::move(t_pending_hook)) {
+  t_pending_hook = std::move(hook);
+}
+PendingHookGuard::~PendingHookGuard() { t_pending_hook = std::move(previous_); }
+
+void compute_pending(StorageImpl& storage) {
+  if (t_pending_hook) t_pending_hook(storage);
+  KILN_CHECK(!is_pending(storage),
+             "a tensor's value was read ({} bytes on {}) but the op that makes it was deferred and nothing "
+             "computed it: a value made inside a compiled function's split run, read after the run failed",
+             storage.nbytes, storage.device);
 }
 
 OpHookGuard::OpHookGuard(OpHook hook) : previous_(std::move(t_hook)) { t_hook = std::move(hook); }
@@ -276,15 +313,36 @@ static std::vector<Tensor> run_op(const OpDef& op, std::vector<Tensor> inputs, c
     // An op without outputs (an in-place update) runs where its tensors are.
     Device device = out_metas.empty() ? common_device(metas, op.name.c_str()) : out_metas[0].device;
     KernelFn kernel = kernel_for(op, device, metas);
+    const bool deferred = defers(op);
     outputs.reserve(out_metas.size());
-    for (const TensorMeta& m : out_metas) outputs.push_back(make_tensor(m.shape, m.dtype, m.device, m.memory_format));
-    DepthScope scope;
-    kernel(inputs, outputs, attrs);
+    for (const TensorMeta& m : out_metas)
+      outputs.push_back(deferred ? pending_tensor(m) : make_tensor(m.shape, m.dtype, m.device, m.memory_format));
+    if (!deferred) {
+      DepthScope scope;
+      kernel(inputs, outputs, attrs);
+    }
   }
   for (int i : op.mutated(attrs))
     if (inputs.at(i).defined()) bump_version(inputs.at(i));
   after_op(OpCall{op, inputs, attrs, outputs, false});
   return outputs;
+}
+
+void run_deferred(const OpCall& call) {
+  const OpDef& op = call.op;
+  naming_errors(op, [&] {
+    std::vector<TensorMeta> metas;
+    for (const Tensor& t : call.inputs) metas.push_back(TensorMeta::of(t));
+    const Device device = !call.outputs.empty() ? call.outputs[0].device() : common_device(metas, op.name.c_str());
+    KernelFn kernel = kernel_for(op, device, metas);
+    for (const Tensor& out : call.outputs) {
+      if (!out.defined() || !is_pending(*out.storage())) continue;
+      const Storage memory = allocate_storage(out.storage()->nbytes, out.device());
+      take_memory(*out.storage(), *memory);
+    }
+    DepthScope scope;
+    kernel(call.inputs, call.outputs, call.attrs);
+  });
 }
 
 Tensor call_op1(const OpDef& op, std::vector<Tensor> inputs, const Attrs& attrs) {
@@ -386,15 +444,17 @@ static void run_op_out(const OpDef& op, std::vector<Tensor> inputs, const Attrs&
   KernelFn kernel = kernel_for(op, m.device, metas);
   std::vector<Tensor> outputs{out};
   std::vector<Tensor> before;
-  {
+  // Autograd will need the values the op is about to overwrite: copied by top-level clone
+  // calls (without autograd), which a tracer records and a deferring caller defers.
+  if (t_depth == 0 && g_recorder && op.backward_reads_inputs && GradMode::is_enabled() &&
+      any_requires_grad(inputs)) {
+    NoGradGuard no_grad;
+    before.resize(inputs.size());
+    for (size_t i = 0; i < inputs.size(); ++i)
+      if (inputs[i].defined() && inputs[i].storage() == out.storage()) before[i] = inputs[i].clone();
+  }
+  if (!defers(op)) {
     DepthScope scope;
-    // Autograd will need the values the op is about to overwrite.
-    if (t_depth == 1 && g_recorder && op.backward_reads_inputs && GradMode::is_enabled() &&
-        any_requires_grad(inputs)) {
-      before.resize(inputs.size());
-      for (size_t i = 0; i < inputs.size(); ++i)
-        if (inputs[i].defined() && inputs[i].storage() == out.storage()) before[i] = inputs[i].clone();
-    }
     kernel(inputs, outputs, attrs);
   }
   bump_version(out);

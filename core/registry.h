@@ -159,8 +159,10 @@ class OpHookGuard {
 // Host reads: Tensor::item() reports the tensor it reads to this hook (one per thread,
 // installed like OpHook) when called outside a kernel, so that a tracer can tell a value
 // read on the host (which eager code may branch on, or turn into a number) from the ops it
-// records: the graph would bake the value in. Install with HostReadHookGuard; guards nest.
-using HostReadHook = std::function<void(const Tensor&, const char* reader)>;
+// records: the graph would bake the value in. `guarded` is false inside an
+// UnguardedHostReads scope (a read that only validates). Install with HostReadHookGuard;
+// guards nest.
+using HostReadHook = std::function<void(const Tensor&, const char* reader, bool guarded)>;
 class HostReadHookGuard {
  public:
   explicit HostReadHookGuard(HostReadHook hook);
@@ -172,11 +174,11 @@ class HostReadHookGuard {
   HostReadHook previous_;
 };
 // Called by the host reads (item(), clip_grad_norm_'s loop over the gradients; `reader`
-// names it in messages); does nothing without a hook, inside a kernel, or inside an
-// UnguardedHostReads scope.
+// names it in messages); does nothing without a hook or inside a kernel.
 void report_host_read(const Tensor& t, const char* reader);
 // Host reads in this scope only validate (an optimizer checking lr >= 0): whatever value
-// passes, the ops that follow are the same, so a tracer need not guard them.
+// passes, the ops that follow are the same, so a tracer need not guard them (the hook sees
+// them with guarded = false).
 class UnguardedHostReads {
  public:
   UnguardedHostReads();
@@ -184,6 +186,46 @@ class UnguardedHostReads {
   UnguardedHostReads(const UnguardedHostReads&) = delete;
   UnguardedHostReads& operator=(const UnguardedHostReads&) = delete;
 };
+
+// Deferred calls (the compiler's split runs, compiler/trace.h): while a DeferHook is
+// installed and answers true for an op, a top-level call of it (not one a kernel makes)
+// runs no kernel. Its outputs are tensors over pending storages (core/storage.h) with the
+// shapes, dtypes and layouts of the shape rule; an in-place target keeps its memory and old
+// content; versions move as if the kernel had run; autograd and the tracing hook see the
+// call as usual. Whoever deferred the call computes its values later, or runs it now with
+// run_deferred. View ops are never deferred (they compute nothing). Install with
+// DeferHookGuard; guards nest.
+using DeferHook = std::function<bool(const OpDef& op)>;
+class DeferHookGuard {
+ public:
+  explicit DeferHookGuard(DeferHook hook);
+  ~DeferHookGuard();
+  DeferHookGuard(const DeferHookGuard&) = delete;
+  DeferHookGuard& operator=(const DeferHookGuard&) = delete;
+
+ private:
+  DeferHook previous_;
+};
+// Runs a deferred call's kernel now, as the call would have (its inputs must have memory):
+// pending outputs get memory first.
+void run_deferred(const OpCall& call);
+
+// Reading a pending storage (Tensor::data_ptr) asks this hook, one per thread, to compute
+// it; without a hook, or when the storage is still pending after it, the read is a
+// kiln::Error. Install with PendingHookGuard; guards nest.
+using PendingHook = std::function<void(StorageImpl& storage)>;
+class PendingHookGuard {
+ public:
+  explicit PendingHookGuard(PendingHook hook);
+  ~PendingHookGuard();
+  PendingHookGuard(const PendingHookGuard&) = delete;
+  PendingHookGuard& operator=(const PendingHookGuard&) = delete;
+
+ private:
+  PendingHook previous_;
+};
+// What Tensor::data_ptr() calls on a pending storage.
+void compute_pending(StorageImpl& storage);
 
 // The autograd recorder: called after every top-level op whose inputs require grad while
 // grad mode is on; it attaches the backward graph. Installed once by autograd/.

@@ -151,4 +151,21 @@ Storage allocate_storage(size_t nbytes, Device device) {
   });
 }
 
+Storage pending_storage(size_t nbytes, Device device) {
+  KILN_CHECK(allocator_for(device.type).allocate,
+             "allocate: device {} is not available (kiln has no backend for it in this build)", device);
+  return std::make_shared<StorageImpl>(nullptr, nbytes, device, nullptr);
+}
+
+void take_memory(StorageImpl& to, StorageImpl& from) {
+  KILN_CHECK(is_pending(to) && !is_pending(from) && to.nbytes == from.nbytes && to.device == from.device,
+             "take_memory: a pending storage of {} bytes on {} cannot take {} bytes on {}", to.nbytes, to.device,
+             from.nbytes, from.device);
+  to.data = from.data;
+  to.deleter = std::move(from.deleter);
+  from.deleter = nullptr;
+  from.data = nullptr;
+  from.nbytes = 0;
+}
+
 }  // namespace kiln

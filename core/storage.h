@@ -31,6 +31,15 @@ using Storage = std::shared_ptr<StorageImpl>;
 // Allocates `nbytes` on `device` (64-byte aligned on the CPU).
 Storage allocate_storage(size_t nbytes, Device device);
 
+// A pending storage: `nbytes` on `device` with no memory yet. A deferred op's outputs live
+// in one (core/registry.h, DeferHookGuard) until whoever deferred the op computes them;
+// Tensor::data_ptr() on a pending storage first asks the thread's PendingHook to.
+Storage pending_storage(size_t nbytes, Device device);
+inline bool is_pending(const StorageImpl& s) { return s.data == nullptr && s.nbytes != 0; }
+// Gives the pending storage `to` the memory of `from` (same size and device: a value just
+// computed there), which is left empty; nothing else may hold `from`.
+void take_memory(StorageImpl& to, StorageImpl& from);
+
 // Per-device allocation functions; a backend (CUDA) installs its own.
 struct DeviceAllocator {
   void* (*allocate)(size_t nbytes, int device_index) = nullptr;

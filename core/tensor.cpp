@@ -87,6 +87,7 @@ bool channels_last_differs(const Shape& shape) {
 
 void* Tensor::data_ptr() const {
   const TensorImpl& t = get();
+  if (is_pending(*t.storage)) compute_pending(*t.storage);
   return static_cast<char*>(t.storage->data) + t.offset * itemsize();
 }
 
