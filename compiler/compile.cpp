@@ -455,6 +455,10 @@ std::string CompiledFunction::profile() const {
     out += fmt::format("graph {} ({} steps, {} kernels):\n{}", i, e.program->num_steps(), e.program->num_kernels(),
                        e.program->profile());
   }
+  for (const auto& [hash, program] : state_->pieces)
+    if (program)
+      out += fmt::format("split piece {:016x} ({} steps, {} kernels):\n{}", hash, program->num_steps(),
+                         program->num_kernels(), program->profile());
   return out;
 }
 
