@@ -2,6 +2,7 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <mutex>
 #include <unordered_map>
@@ -14,20 +15,24 @@ namespace {
 
 constexpr size_t kCpuAlignment = 64;
 constexpr size_t kHugePage = size_t{2} << 20;
-constexpr size_t kCacheLimit = size_t{2} << 30;  // bytes of freed large blocks kept
+constexpr size_t kCacheLimit = size_t{2} << 30;  // bytes of freed blocks kept
 
-// Freed large blocks, kept by size for the next allocation of the same size: a training
-// step allocates the same large activations every step, and a fresh block costs a page
-// fault per 2 MiB on first touch. Small blocks go straight back to malloc.
-struct LargeBlockCache {
+// Freed blocks, kept by size class for the next allocation of that class: a training step
+// allocates the same tensors every step, so after the first step it takes no memory from
+// the system (and a fresh large block would cost a page fault per 2 MiB on first touch).
+struct BlockCache {
   std::mutex mutex;
   std::unordered_map<size_t, std::vector<void*>> free_blocks;
   size_t cached_bytes = 0;
+  int64_t system_allocations = 0;
 
   void* take(size_t rounded) {
     std::lock_guard lock(mutex);
     auto it = free_blocks.find(rounded);
-    if (it == free_blocks.end() || it->second.empty()) return nullptr;
+    if (it == free_blocks.end() || it->second.empty()) {
+      ++system_allocations;  // the caller goes to the system next
+      return nullptr;
+    }
     void* p = it->second.back();
     it->second.pop_back();
     cached_bytes -= rounded;
@@ -49,24 +54,26 @@ struct LargeBlockCache {
   }
 };
 
-LargeBlockCache& large_block_cache() {
-  static LargeBlockCache* cache = new LargeBlockCache;  // outlives every tensor
+BlockCache& block_cache() {
+  static BlockCache* cache = new BlockCache;  // outlives every tensor
   return *cache;
 }
 
+// The size class of an allocation: a multiple of 2 MiB for large blocks (huge pages);
+// below, four classes per power of two (at most 25% rounding), at least 64 bytes.
 size_t rounded_size(size_t nbytes) {
-  const size_t align = nbytes >= kHugePage ? kHugePage : kCpuAlignment;
-  const size_t r = (nbytes + align - 1) / align * align;
-  return r == 0 ? align : r;
+  if (nbytes <= kCpuAlignment) return kCpuAlignment;
+  if (nbytes >= kHugePage) return (nbytes + kHugePage - 1) / kHugePage * kHugePage;
+  const int top = 63 - __builtin_clzll(static_cast<unsigned long long>(nbytes - 1));
+  const size_t step = std::max(kCpuAlignment, size_t{1} << (top > 2 ? top - 2 : 0));
+  return (nbytes + step - 1) / step * step;
 }
 
 void* cpu_allocate(size_t nbytes, int) {
   // Large buffers are aligned to 2 MiB and asked to use transparent huge pages: a fresh
   // 256 MiB tensor then takes 128 page faults instead of 65536.
   const size_t rounded = rounded_size(nbytes);
-  if (rounded >= kHugePage) {
-    if (void* p = large_block_cache().take(rounded)) return p;
-  }
+  if (void* p = block_cache().take(rounded)) return p;
   const size_t align = rounded >= kHugePage ? kHugePage : kCpuAlignment;
   void* p = std::aligned_alloc(align, rounded);
   if (!p) fail("allocate: out of CPU memory allocating {} bytes", nbytes);
@@ -75,9 +82,7 @@ void* cpu_allocate(size_t nbytes, int) {
 }
 
 void cpu_release(void* p, size_t nbytes, int) {
-  const size_t rounded = rounded_size(nbytes);
-  if (rounded >= kHugePage && large_block_cache().keep(p, rounded)) return;
-  std::free(p);
+  if (!block_cache().keep(p, rounded_size(nbytes))) std::free(p);
 }
 
 DeviceAllocator& allocator_for(DeviceType type) {
@@ -114,7 +119,13 @@ void reset_peak_memory(DeviceType type) {
   c.peak.store(c.allocated.load());
 }
 
-void empty_cpu_cache() { large_block_cache().clear(); }
+void empty_cpu_cache() { block_cache().clear(); }
+
+int64_t cpu_system_allocations() {
+  BlockCache& cache = block_cache();
+  std::lock_guard lock(cache.mutex);
+  return cache.system_allocations;
+}
 
 void set_device_allocator(DeviceType type, DeviceAllocator allocator) {
   allocator_for(type) = allocator;

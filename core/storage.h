@@ -66,8 +66,11 @@ MemoryStats memory_stats(DeviceType type = DeviceType::cpu);
 // Sets the peak to the bytes allocated now, to measure the peak of what follows.
 void reset_peak_memory(DeviceType type = DeviceType::cpu);
 
-// Returns the CPU allocator's cached large blocks (kept for reuse after tensors die) to
-// the system.
+// Returns the CPU allocator's cached blocks (kept for reuse after tensors die) to the
+// system.
 void empty_cpu_cache();
+// How many blocks the CPU allocator has taken from the system (not from its cache) since
+// the process started: after a training step's first call, its later calls take none.
+int64_t cpu_system_allocations();
 
 }  // namespace kiln
