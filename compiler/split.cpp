@@ -23,14 +23,24 @@ class FlagScope {
   bool& flag_;
 };
 
+class SplitRun;
+// The innermost split run of this thread. A compiled function with a break called inside
+// another's split run (its fn) runs split inside it, with the thread's hooks its own: a
+// pending value of the enclosing run (an argument passed in) is computed by that run.
+thread_local SplitRun* t_innermost = nullptr;
+
 class SplitRun {
  public:
   SplitRun(const std::vector<Tensor>& args, const TraceOptions& options, const PieceRunner& run_piece,
            std::vector<SplitPiece>& pieces)
-      : args_(args), options_(options), run_piece_(run_piece), pieces_(pieces) {
+      : args_(args), options_(options), run_piece_(run_piece), pieces_(pieces), outer_(t_innermost) {
     options_.allow_break = false;  // a refusal reaches on_call, which splits there
     start();
+    t_innermost = this;
   }
+  ~SplitRun() { t_innermost = outer_; }
+  SplitRun(const SplitRun&) = delete;
+  SplitRun& operator=(const SplitRun&) = delete;
 
   // Calls are deferred except while a piece runs (its eager steps and copies compute) or
   // while the tracer itself is busy.
@@ -50,12 +60,18 @@ class SplitRun {
     if (tracer_->reads_deferred(t)) end_piece(reader, "");
   }
 
-  // data_ptr() of a pending storage: the piece that makes it runs now.
-  void on_pending_read(StorageImpl&) {
-    KILN_CHECK(!computing_ && !tracer_->busy(),
+  // data_ptr() of a pending storage: the piece that makes it runs now; a value still
+  // pending then is an enclosing run's, which computes it (with this run's calls not
+  // deferred meanwhile: they are that run's piece).
+  void on_pending_read(StorageImpl& storage) {
+    if (!computing_ && !tracer_->busy()) end_piece("data_ptr", "");
+    if (!is_pending(storage)) return;
+    KILN_CHECK(outer_ != nullptr,
                "split run: a value still pending was read while a piece ran (a deferred call's output that "
                "the piece does not make)");
-    end_piece("data_ptr", "");
+    if (computing_) return outer_->on_pending_read(storage);
+    FlagScope computing(computing_);
+    outer_->on_pending_read(storage);
   }
 
   // Runs the recorded piece, if it computes anything, and starts the next.
@@ -143,6 +159,7 @@ class SplitRun {
   std::unique_ptr<Trace> trace_;
   std::unique_ptr<tracing::Tracer> tracer_;
   bool computing_ = false;
+  SplitRun* outer_;  // the enclosing split run, if any
 };
 
 }  // namespace
