@@ -29,6 +29,9 @@ Trace trace(const TracedFunction& fn, const std::vector<Tensor>& args,
   for (size_t i = 0; i < args.size(); ++i) tracer.add_argument(args[i], i);
   std::vector<Tensor> returned;
   {
+    // Inside a split run (compiler/split.cpp) fn runs eagerly here all the same: the trace
+    // records values it computes.
+    DeferHookGuard no_deferral(nullptr);
     OpHookGuard hook([&tracer](const OpCall& call) { tracer.on_call(call); });
     HostReadHookGuard host_reads([&tracer](const Tensor& t, const char* reader, bool guarded) {
       if (guarded) tracer.on_host_read(t, reader);

@@ -123,9 +123,15 @@ class Tracer {
       const StorageState* state = storage_state(t);
       fail("trace: {}() reads {} on the host inside the traced function, a value computed in the step "
            "({}): the graph cannot hold what the function makes of the number; read it after the step, "
-           "or compile without fullgraph (the step then runs eagerly)",
+           "or compile without fullgraph (the step then runs split, the read between compiled pieces)",
            reader, t.meta_str(), state ? state->what : "by an op");
     }
+    // A guard holds one number; a whole input read on the host (printed) is a break too, so
+    // that the read happens at every call.
+    if (t.numel() != 1)
+      fail("trace: {}() reads {} on the host inside the traced function: a graph holds no whole tensor read; "
+           "compile without fullgraph (the function then runs split, the read at every call)",
+           reader, t.meta_str());
     const std::vector<Value>& inputs = trace_.graph.inputs();
     const auto index = static_cast<int64_t>(std::find(inputs.begin(), inputs.end(), v) - inputs.begin());
     for (const Trace::HostRead& read : trace_.host_reads)

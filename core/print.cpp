@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "core/registry.h"
 #include "core/tensor.h"
 
 namespace kiln {
@@ -138,6 +139,7 @@ struct Printer {
 
 std::string Tensor::str() const {
   if (!defined()) return "tensor(undefined)";
+  report_host_read(*this, "str");  // printed values are read on the host, as item() reads
   Tensor c = to(Device::cpu());
   std::string out = "tensor(";
   if (numel() == 0) {

@@ -23,8 +23,9 @@ double ParamGroup::get(const std::string& name) const {
 
 void ParamGroup::set(const std::string& name, double value) {
   get(name);  // the error for an unknown name
-  hyper.at(name).data_ptr<double>()[0] = value;
-  bump_version(hyper.at(name));
+  // An op, not a raw write: inside a compiled step a tracer records it (a write-back of the
+  // hyperparameter), and a split run orders it after the deferred updates that read it.
+  hyper.at(name).fill_(value);
 }
 
 Optimizer::Optimizer(std::string name, std::map<std::string, double> defaults)
