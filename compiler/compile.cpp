@@ -465,15 +465,34 @@ std::string CompiledFunction::profile() const {
 std::string explain(TracedFunction fn, const std::vector<Tensor>& args, CompileOptions options) {
   KILN_CHECK(fn != nullptr, "kiln::explain: the function is empty");
   check_mode(options);
-  const Trace t = trace(fn, args, trace_options(options, true));
+  TraceOptions record = trace_options(options, true);
+  record.record_after_break = true;
+  const Trace t = trace(fn, args, record);
   std::string out;
   if (t.broken()) {
-    out += "kiln::explain: 0 graphs, 1 graph break\n";
-    out += fmt::format("graph break at {}: {}\n",
-                       t.break_op.empty() ? "a write outside the op registry" : t.break_op,
-                       t.break_reason);
+    // The graph before the first break, then what followed it, as split runs split it.
+    const auto ops_of = [](const Graph& g) {
+      int64_t n = 0;
+      for (const Node& node : g.nodes()) n += node.kind == NodeKind::op;
+      return n;
+    };
+    const int64_t first_ops = ops_of(t.graph);
+    size_t graphs = first_ops > 0, breaks = 1;
+    for (const SplitPiece& p : t.after_break) {
+      graphs += p.ops > 0;
+      breaks += !p.reason.empty();
+    }
+    out += fmt::format("kiln::explain: {}, {}\n", count(graphs, "graph"), count(breaks, "graph break"));
     out += "later calls with these guards run the function split: the ops between breaks are recorded as "
            "they are called and run as compiled pieces, a refused op runs eagerly (CompiledFunction::last_split)\n";
+    size_t number = 0;
+    if (first_ops > 0) out += fmt::format("graph {} ({} ops):\n{}", number++, first_ops, print(t.graph));
+    out += fmt::format("graph break at {}: {}\n", t.break_op.empty() ? "a write outside the op registry" : t.break_op,
+                       t.break_reason);
+    for (const SplitPiece& p : t.after_break) {
+      if (p.ops > 0) out += fmt::format("graph {} ({} ops):\n{}", number++, p.ops, p.graph);
+      if (!p.reason.empty()) out += fmt::format("graph break at {}: {}\n", p.end, p.reason);
+    }
     return out;
   }
   const Graph& g = t.graph;

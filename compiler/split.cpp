@@ -23,28 +23,38 @@ class FlagScope {
   bool& flag_;
 };
 
+}  // namespace
+
+namespace tracing {
+
 class SplitRun;
 // The innermost split run of this thread. A compiled function with a break called inside
 // another's split run (its fn) runs split inside it, with the thread's hooks its own: a
 // pending value of the enclosing run (an argument passed in) is computed by that run.
-thread_local SplitRun* t_innermost = nullptr;
+static thread_local SplitRun* t_innermost = nullptr;
 
+// Without a runner, a record-only run (RestRecorder): nothing is deferred, a piece is only
+// recorded (its graph printed), and a refused call has already run.
 class SplitRun {
  public:
-  SplitRun(const std::vector<Tensor>& args, const TraceOptions& options, const PieceRunner& run_piece,
+  SplitRun(const std::vector<Tensor>& args, const TraceOptions& options, const PieceRunner* run_piece,
            std::vector<SplitPiece>& pieces)
-      : args_(args), options_(options), run_piece_(run_piece), pieces_(pieces), outer_(t_innermost) {
+      : args_(args), options_(options), run_piece_(run_piece), pieces_(pieces),
+        outer_(run_piece ? t_innermost : nullptr) {
     options_.allow_break = false;  // a refusal reaches on_call, which splits there
+    options_.record_after_break = false;
     start();
-    t_innermost = this;
+    if (run_piece_) t_innermost = this;
   }
-  ~SplitRun() { t_innermost = outer_; }
+  ~SplitRun() {
+    if (run_piece_) t_innermost = outer_;
+  }
   SplitRun(const SplitRun&) = delete;
   SplitRun& operator=(const SplitRun&) = delete;
 
   // Calls are deferred except while a piece runs (its eager steps and copies compute) or
   // while the tracer itself is busy.
-  bool defers() const { return !computing_ && !tracer_->busy(); }
+  bool defers() const { return run_piece_ && !computing_ && !tracer_->busy(); }
 
   void on_call(const OpCall& call) {
     if (computing_ || tracer_->busy()) return;
@@ -57,7 +67,17 @@ class SplitRun {
 
   void on_host_read(const Tensor& t, const char* reader) {
     if (computing_ || tracer_->busy() || t.is_wrapped_number()) return;
-    if (tracer_->reads_deferred(t)) end_piece(reader, "");
+    if (run_piece_) {
+      if (tracer_->reads_deferred(t)) end_piece(reader, "");
+      return;
+    }
+    // Recording only: the values are there; a read the tracer refuses (of a computed
+    // value) is a break, as it was in the trace.
+    try {
+      tracer_->on_host_read(t, reader);
+    } catch (const Error& e) {
+      end_piece(reader, e.what());
+    }
   }
 
   // data_ptr() of a pending storage: the piece that makes it runs now; a value still
@@ -77,7 +97,13 @@ class SplitRun {
   // Runs the recorded piece, if it computes anything, and starts the next.
   void end_piece(const std::string& end, const std::string& reason) {
     if (!tracer_->has_work()) {
-      if (!reason.empty()) pieces_.push_back({0, 0, end, reason});
+      if (!reason.empty()) pieces_.push_back({0, 0, end, reason, ""});
+      return;
+    }
+    if (!run_piece_) {
+      const Graph& graph = trace_->graph;
+      pieces_.push_back({op_count(graph), graph.structural_hash(), end, reason, print(graph)});
+      start();
       return;
     }
     FlagScope computing(computing_);
@@ -96,19 +122,23 @@ class SplitRun {
     std::vector<Tensor> results;
     {
       NoGradGuard no_grad;
-      results = run_piece_(graph, inputs);
+      results = (*run_piece_)(graph, inputs);
     }
     KILN_CHECK(results.size() == live.size(), "split run: a piece made {} values for {} pending tensors",
                results.size(), live.size());
     for (size_t i = 0; i < live.size(); ++i) fill(live[i], std::move(results[i]));
     for (const auto& [storage, version] : versions) storage->version.store(version);
-    int64_t ops = 0;
-    for (const Node& n : graph.nodes()) ops += n.kind == NodeKind::op;
-    pieces_.push_back({ops, graph.structural_hash(), end, reason});
+    pieces_.push_back({op_count(graph), graph.structural_hash(), end, reason, ""});
     start();
   }
 
  private:
+  static int64_t op_count(const Graph& graph) {
+    int64_t ops = 0;
+    for (const Node& n : graph.nodes()) ops += n.kind == NodeKind::op;
+    return ops;
+  }
+
   void start() {
     trace_ = std::make_unique<Trace>();
     trace_->num_args = static_cast<int64_t>(args_.size());
@@ -121,6 +151,7 @@ class SplitRun {
   void refused(const OpCall& call, const std::string& reason) {
     tracer_->accept_writes(call);
     end_piece(call.op.name, reason);
+    if (!run_piece_) return;  // recording only: the call ran
     FlagScope computing(computing_);
     run_deferred(call);
   }
@@ -154,7 +185,7 @@ class SplitRun {
 
   const std::vector<Tensor>& args_;
   TraceOptions options_;
-  const PieceRunner& run_piece_;
+  const PieceRunner* run_piece_;  // null: record only
   std::vector<SplitPiece>& pieces_;
   std::unique_ptr<Trace> trace_;
   std::unique_ptr<tracing::Tracer> tracer_;
@@ -162,12 +193,20 @@ class SplitRun {
   SplitRun* outer_;  // the enclosing split run, if any
 };
 
-}  // namespace
+RestRecorder::RestRecorder(const std::vector<Tensor>& args, const TraceOptions& options,
+                           std::vector<SplitPiece>& pieces)
+    : run_(std::make_unique<SplitRun>(args, options, nullptr, pieces)) {}
+RestRecorder::~RestRecorder() = default;
+void RestRecorder::on_call(const OpCall& call) { run_->on_call(call); }
+void RestRecorder::on_host_read(const Tensor& t, const char* reader) { run_->on_host_read(t, reader); }
+void RestRecorder::finish() { run_->end_piece("return", ""); }
+
+}  // namespace tracing
 
 std::vector<Tensor> run_split(const TracedFunction& fn, const std::vector<Tensor>& args, const TraceOptions& options,
                               const PieceRunner& run_piece, std::vector<SplitPiece>* pieces) {
   std::vector<SplitPiece> local;
-  SplitRun run(args, options, run_piece, pieces ? *pieces : local);
+  tracing::SplitRun run(args, options, &run_piece, pieces ? *pieces : local);
   std::vector<Tensor> results;
   {
     DeferHookGuard defer([&run](const OpDef&) { return run.defers(); });

@@ -2,6 +2,8 @@
 // turning each reported op call into a graph node (compiler/tracer.h).
 #include "compiler/trace.h"
 
+#include <optional>
+
 #include "compiler/tracer.h"
 #include "core/registry.h"
 #include "models/module.h"
@@ -29,14 +31,28 @@ Trace trace(const TracedFunction& fn, const std::vector<Tensor>& args,
   for (size_t i = 0; i < args.size(); ++i) tracer.add_argument(args[i], i);
   std::vector<Tensor> returned;
   {
+    // After a break, with record_after_break, the rest is recorded piece by piece.
+    std::optional<tracing::RestRecorder> rest;
+    auto after_break = [&] {
+      if (result.broken() && options.allow_break && options.record_after_break)
+        rest.emplace(args, options, result.after_break);
+    };
     // Inside a split run (compiler/split.cpp) fn runs eagerly here all the same: the trace
     // records values it computes.
     DeferHookGuard no_deferral(nullptr);
-    OpHookGuard hook([&tracer](const OpCall& call) { tracer.on_call(call); });
-    HostReadHookGuard host_reads([&tracer](const Tensor& t, const char* reader, bool guarded) {
-      if (guarded) tracer.on_host_read(t, reader);
+    OpHookGuard hook([&](const OpCall& call) {
+      if (rest) return rest->on_call(call);
+      tracer.on_call(call);
+      after_break();
+    });
+    HostReadHookGuard host_reads([&](const Tensor& t, const char* reader, bool guarded) {
+      if (!guarded) return;
+      if (rest) return rest->on_host_read(t, reader);
+      tracer.on_host_read(t, reader);
+      after_break();
     });
     returned = fn(args);
+    if (rest) rest->finish();
   }
   result.num_results = static_cast<int64_t>(returned.size());
   try {

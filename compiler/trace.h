@@ -79,6 +79,9 @@ struct TraceOptions {
   std::map<const TensorImpl*, std::string> names;
   // A refusal ends recording instead of throwing (fn still runs once, fully, eagerly).
   bool allow_break = false;
+  // With allow_break: after the break, record the rest of the call piece by piece, as a
+  // split run would split it (Trace::after_break; explain() reports it).
+  bool record_after_break = false;
 };
 
 // TraceOptions naming a module's parameters and buffers by their dotted names
@@ -90,6 +93,15 @@ TraceOptions module_names(const nn::Module& module);
 struct GradEffect {
   int64_t input = 0;
   Value value;
+};
+
+// One piece of a split run (see run_split below), or of what followed a traced call's break.
+struct SplitPiece {
+  int64_t ops = 0;     // op nodes recorded
+  uint64_t hash = 0;   // the piece graph's structural hash
+  std::string end;     // what ended it: "item", a refused op's name, "return", ...
+  std::string reason;  // for a break (a refused op or host read), the tracer's refusal
+  std::string graph;   // the piece's printed graph, in a trace's record after its break
 };
 
 struct Trace {
@@ -125,6 +137,9 @@ struct Trace {
   std::string break_op;
   std::string break_reason;
   bool broken() const { return !break_reason.empty(); }
+  // With TraceOptions::record_after_break: the pieces of the call after the break (each
+  // ending at a further break or at fn's return), their graphs printed.
+  std::vector<SplitPiece> after_break;
 
   // The tensors to pass to interpret(): args, then the captured tensors, where a captured
   // gradient is read from its leaf's current .grad (grad_of).
@@ -162,12 +177,6 @@ Trace trace(const TracedFunction& fn, const std::vector<Tensor>& args, const Tra
 // and runs each through `run_piece` (the compiler caches programs by the piece graph's
 // structural hash). Tensors fn writes through data_ptr() are not seen, and a data_ptr()
 // read of a tensor a pending piece writes in place sees its old content.
-struct SplitPiece {
-  int64_t ops = 0;     // op nodes recorded
-  uint64_t hash = 0;   // the piece graph's structural hash
-  std::string end;     // what ended it: "item", a refused op's name, "return", ...
-  std::string reason;  // for a refused op, the tracer's refusal
-};
 using PieceRunner = std::function<std::vector<Tensor>(const Graph& graph, const std::vector<Tensor>& inputs)>;
 // Runs fn(args) split; returns fn's results (computed) and, in `pieces`, what ran.
 std::vector<Tensor> run_split(const TracedFunction& fn, const std::vector<Tensor>& args, const TraceOptions& options,

@@ -639,4 +639,22 @@ class Tracer {
   std::vector<PendingOutput> pending_;  // outputs of deferred calls, in call order
 };
 
+class SplitRun;  // compiler/split.cpp
+
+// Records what follows a break in a traced call (TraceOptions::record_after_break), piece
+// by piece, as a split run would split it, without deferring: fn runs eagerly.
+class RestRecorder {
+ public:
+  RestRecorder(const std::vector<Tensor>& args, const TraceOptions& options, std::vector<SplitPiece>& pieces);
+  ~RestRecorder();
+  RestRecorder(const RestRecorder&) = delete;
+  RestRecorder& operator=(const RestRecorder&) = delete;
+  void on_call(const OpCall& call);
+  void on_host_read(const Tensor& t, const char* reader);
+  void finish();  // fn returned
+
+ private:
+  std::unique_ptr<SplitRun> run_;
+};
+
 }  // namespace kiln::compiler::tracing

@@ -200,3 +200,21 @@ TEST_CASE("split: results that are one value come back as tensors of their own",
   KILN_CHECK_CLOSE(x + 1, out[2], 1e-15, 1e-15);
   CHECK_FALSE(out[2].storage() == x.storage());
 }
+
+TEST_CASE("split: explain reports every graph and break of a call", "[split]") {
+  auto fn = [](const Args& a) -> Args {
+    const Tensor s = sum(a[0] * 2);
+    const double first = s.item<double>();   // a break
+    const Tensor t = exp(a[0]) + first;
+    const double second = max(t).item<double>();  // another
+    return {t * second};
+  };
+  const std::string report = explain(fn, {randn({4}, f64)});
+  CHECK_THAT(report, Contains("3 graphs, 2 graph breaks") && Contains("graph 0 (2 ops)") &&
+                         Contains("graph 2 (1 ops)") && Contains("graph break at item"));
+  // The same pieces as a split run makes of a later call.
+  CompiledFunction f = compile(fn);
+  f({randn({4}, f64)});
+  f({randn({4}, f64)});
+  CHECK(piece_ends(f) == std::vector<std::string>{"item", "item", "return"});
+}
