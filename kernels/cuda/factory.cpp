@@ -1,8 +1,8 @@
 // CUDA kernels of the factory ops. empty allocates only; full fills on the GPU (the fill
-// kernel is generated, compiler/eager_cuda.cpp). The others (arange, linspace, eye and the
-// random ops) run their CPU kernel into a host tensor and copy it over: the values are the
-// CPU's exactly (the random ops read the same Philox stream from their seed and offset
-// attributes), at the price of a host-to-device copy. A Philox kernel on the GPU is to come.
+// kernel is generated, compiler/eager_cuda.cpp); the random ones (uniform, normal, randint)
+// are Philox kernels of their own (kernels/cuda/random.cpp). arange, linspace and eye run
+// their CPU kernel into a host tensor and copy it over: the CPU's values exactly, at the
+// price of a host-to-device copy.
 #include "core/ops/factory.h"
 #include "core/registry.h"
 #include "kernels/cuda/runtime.h"
@@ -16,7 +16,7 @@ void empty_cuda(Span, Span, const Attrs&) {}
 
 void full_cuda(Span, Span out, const Attrs& attrs) { Tensor(out[0]).fill_(attrs.scalar("value")); }
 
-constexpr const char* kOnHost[] = {"arange", "linspace", "eye", "uniform", "normal", "randint"};
+constexpr const char* kOnHost[] = {"arange", "linspace", "eye"};
 
 template <size_t I>
 void on_host_then_copy(Span in, Span out, const Attrs& attrs) {

@@ -1,10 +1,22 @@
-// CUDA kernel of gather, with kernels/cpu/indexing.cpp's semantics: out has the index's
-// shape, and out[c] = x[c with c[dim] replaced by index[c]]. Elements are copied as
-// unsigned integers of their size (bit for bit, NaN payloads included), so one kernel per
-// element size serves every dtype. The input may be strided; the index is made contiguous.
+// CUDA kernels of gather, index_select, embedding (+ backward), one_hot, flip, tril and triu,
+// with kernels/cpu/indexing.cpp's semantics. The copying kernels move elements as values of
+// a type of their size (bit for bit, NaN payloads included), so one kernel per element size
+// serves every dtype; their results equal the CPU's exactly.
+// - gather: out has the index's shape, out[c] = x[c with c[dim] replaced by index[c]]; the
+//   input may be strided, the index is made contiguous.
+// - index_select / embedding: x seen as [outer, size, inner], out[o][j][:] = x[o][index[j]][:].
+// - embedding_backward: the CPU's threads own columns and add the gradient rows in index
+//   order; here a thread owns a column of the weight rows q with q % groups == its group and
+//   walks the indices in order, so every sum has the CPU's order (exact, deterministic)
+//   with width * groups threads. 16-bit floats accumulate in f32 and round once at the end.
+// - one_hot writes i64 rows; flip reads a strided input with the flipped dims reversed;
+//   tril/triu copy or zero each element of a contiguous input.
 //
-// Unlike the CPU kernel, an index out of [0, x.size(dim)) raises no error (finding it would
-// make every call wait for the GPU): its output element is zero bits.
+// Unlike the CPU kernels, an index out of range raises no error (finding it would make
+// every call wait for the GPU): gather, index_select and embedding give zero bits for that
+// element or row, embedding_backward skips the row, and one_hot gives a row of zeros.
+#include <algorithm>
+
 #include "core/ops/factory.h"
 #include "core/registry.h"
 #include "kernels/cuda/hand_kernels.h"
@@ -21,6 +33,10 @@ struct GatherDims {
   long long size[kMaxDims];
   long long x_stride[kMaxDims];
 };
+
+// The element types of the copying kernels, one per element size: u8, f16 (kiln::Half, a
+// 2-byte struct), i32, i64.
+const std::vector<DType> kBySize = {DType::u8, DType::f16, DType::i32, DType::i64};
 
 // SCALAR is an integer type of the element's size: u8, f16 (kiln::Half, a 2-byte struct),
 // i32, i64.
@@ -48,7 +64,7 @@ extern "C" __global__ void NAME(const T* x, const long long* index, T* out, long
   out[j] = x[offset];
 }
 )",
-                            {DType::u8, DType::f16, DType::i32, DType::i64});
+                            kBySize);
 
 DType by_size(size_t bytes) {
   switch (bytes) {
@@ -82,8 +98,206 @@ void gather(Span in, Span out, const Attrs& a) {
   if (!o.same(out[0])) Tensor(out[0]).copy_(o);
 }
 
+// ---- index_select / embedding ----
+
+const KernelFamily kSelectRows("select_rows", R"(
+typedef SCALAR T;
+extern "C" __global__ void NAME(const T* x, const long long* index, T* out, long long total, long long n,
+                                long long size, long long inner) {
+  const long long j = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  if (j >= total) return;
+  const long long w = j / inner, i = j % inner;
+  const long long k = index[w % n];
+  out[j] = k < 0 || k >= size ? T{} : x[((w / n) * size + k) * inner + i];
+}
+)",
+                               kBySize);
+
+Tensor contiguous_i64(const Tensor& index) { return index.to(DType::i64).contiguous(); }
+
+// The out tensor, or a contiguous buffer of its shape and dtype that finish() copies into it.
+struct Contiguous {
+  Tensor out, buffer;
+  explicit Contiguous(const Tensor& o)
+      : out(o), buffer(o.is_contiguous() ? o : empty(o.shape(), {.dtype = o.dtype(), .device = o.device()})) {}
+  void* ptr() const { return buffer.data_ptr(); }
+  void finish() const {
+    if (!buffer.same(out)) Tensor(out).copy_(buffer);
+  }
+};
+
+void select_rows(const Tensor& x, const Tensor& index, const Tensor& out, long long outer, long long size,
+                 long long inner) {
+  const Contiguous o(out);
+  const long long n = index.numel(), total = outer * n * inner;
+  kSelectRows.launch(by_size(x.itemsize()), x.device().index, total, x.data_ptr(), index.data_ptr(), o.ptr(),
+                     total, n, size, inner);
+  o.finish();
+}
+
+void index_select(Span in, Span out, const Attrs& a) {
+  const Tensor x = at_least_1d(in[0]).contiguous();
+  const Tensor index = contiguous_i64(in[1]);
+  const int64_t dim = wrap_dim(a.i("dim"), x.dim(), "index_select");
+  long long outer = 1, inner = 1;
+  for (int64_t d = 0; d < dim; ++d) outer *= x.size(d);
+  for (int64_t d = dim + 1; d < x.dim(); ++d) inner *= x.size(d);
+  if (out[0].numel() == 0) return;
+  select_rows(x, index, out[0], outer, x.size(dim), inner);
+}
+
+void embedding(Span in, Span out, const Attrs&) {
+  const Tensor weight = in[0].contiguous();
+  const Tensor index = contiguous_i64(in[1]);
+  if (out[0].numel() == 0) return;
+  select_rows(weight, index, out[0], 1, weight.size(0), weight.size(1));
+}
+
+const KernelFamily kEmbeddingBackward("embedding_backward", R"(
+typedef SCALAR T;
+extern "C" __global__ void NAME(const T* grad, const long long* index, T* acc, long long n, long long num_weights,
+                                long long width, long long groups, long long padding) {
+  const long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  if (t >= width * groups) return;
+  const long long col = t % width, group = t / width;
+  for (long long r = 0; r < n; ++r) {
+    const long long q = index[r];
+    if (q == padding || q < 0 || q >= num_weights || q % groups != group) continue;
+    T* d = acc + q * width + col;
+    *d = *d + grad[r * width + col];
+  }
+}
+)",
+                                      {DType::f32, DType::f64});
+
+// About this many threads, when the weight has that many rows to spread them over.
+constexpr long long kEmbeddingThreads = 1 << 16;
+
+void embedding_backward(Span in, Span out, const Attrs& a) {
+  const Tensor index = contiguous_i64(in[1]);
+  const long long num_weights = out[0].size(0), width = out[0].size(1), n = index.numel();
+  const long long padding = a.has("padding_idx") ? a.i("padding_idx") : -1;
+  const DType c = is_reduced_float(out[0].dtype()) ? DType::f32 : out[0].dtype();
+  const Tensor grad = in[0].to(c).contiguous();
+  Tensor acc = c == out[0].dtype() && out[0].is_contiguous()
+                         ? out[0]
+                         : empty(out[0].shape(), {.dtype = c, .device = out[0].device()});
+  acc.fill_(0.0);
+  if (width > 0 && num_weights > 0) {
+    const long long groups = std::clamp(kEmbeddingThreads / width, 1LL, num_weights);
+    kEmbeddingBackward.launch(c, acc.device().index, width * groups, grad.data_ptr(), index.data_ptr(), acc.data_ptr(),
+                              n, num_weights, width, groups, padding);
+  }
+  if (!acc.same(out[0])) Tensor(out[0]).copy_(acc);
+}
+
+// ---- one_hot ----
+
+const KernelFamily kOneHot("one_hot", R"(
+extern "C" __global__ void NAME(const long long* index, long long* out, long long total, long long classes) {
+  const long long j = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  if (j >= total) return;
+  out[j] = index[j / classes] == j % classes ? 1 : 0;
+}
+)",
+                           {DType::i64});
+
+void one_hot(Span in, Span out, const Attrs&) {
+  const Tensor index = contiguous_i64(in[0]);
+  const long long classes = out[0].shape().back(), total = out[0].numel();
+  const Contiguous o(out[0]);
+  kOneHot.launch(DType::i64, index.device().index, total, index.data_ptr(), o.ptr(), total, classes);
+  o.finish();
+}
+
+// ---- flip ----
+
+struct FlipDims {
+  long long size[kMaxDims];
+  long long stride[kMaxDims];
+};
+
+const KernelFamily kFlip("flip", R"(
+typedef SCALAR T;
+struct FlipDims {
+  long long size[8];
+  long long stride[8];
+};
+extern "C" __global__ void NAME(const T* x, T* out, long long total, int ndim, unsigned int flipped, FlipDims dims) {
+  const long long j = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  if (j >= total) return;
+  long long rest = j, offset = 0;
+  for (int d = ndim - 1; d >= 0; --d) {
+    long long c = rest % dims.size[d];
+    rest /= dims.size[d];
+    if ((flipped >> d) & 1u) c = dims.size[d] - 1 - c;
+    offset += c * dims.stride[d];
+  }
+  out[j] = x[offset];
+}
+)",
+                         kBySize);
+
+void flip(Span in, Span out, const Attrs& a) {
+  const Tensor& x = in[0];
+  if (x.numel() == 0) return;
+  KILN_CHECK(x.dim() <= kMaxDims, "flip: on CUDA at most {} dims are supported, got {}", kMaxDims, x.meta_str());
+  unsigned flipped = 0;
+  // The op rejects a dim listed twice, so each listed dim is reversed once.
+  if (x.dim() > 0)
+    for (int64_t d : a.ints("dims")) flipped |= 1u << wrap_dim(d, x.dim(), "flip");
+  FlipDims dims{};
+  for (int64_t d = 0; d < x.dim(); ++d) {
+    dims.size[d] = x.size(d);
+    dims.stride[d] = x.stride(d);
+  }
+  const Contiguous o(out[0]);
+  const long long total = x.numel();
+  kFlip.launch(by_size(x.itemsize()), x.device().index, total, x.data_ptr(), o.ptr(), total,
+               static_cast<int>(x.dim()), flipped, dims);
+  o.finish();
+}
+
+// ---- tril / triu ----
+
+// tril keeps the columns [0, row + diagonal], triu the columns [row + diagonal, cols).
+const KernelFamily kTriangle("triangle", R"(
+typedef SCALAR T;
+extern "C" __global__ void NAME(const T* x, T* out, long long total, long long rows, long long cols,
+                                long long diagonal, int lower) {
+  const long long j = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  if (j >= total) return;
+  const long long col = j % cols, row = (j / cols) % rows;
+  const long long split = min(max(row + diagonal + (lower ? 1 : 0), 0LL), cols);
+  const bool keep = lower ? col < split : col >= split;
+  out[j] = keep ? x[j] : T{};
+}
+)",
+                             kBySize);
+
+template <bool lower>
+void triangle(Span in, Span out, const Attrs& a) {
+  const Tensor x = in[0].contiguous();
+  const long long rows = x.size(-2), cols = x.size(-1), total = x.numel();
+  if (total == 0) return;
+  const Contiguous o(out[0]);
+  kTriangle.launch(by_size(x.itemsize()), x.device().index, total, x.data_ptr(), o.ptr(), total, rows, cols,
+                   static_cast<long long>(a.i("diagonal")), lower ? 1 : 0);
+  o.finish();
+}
+
 struct Registrar {
-  Registrar() { register_kernel("gather", DeviceType::cuda, gather); }
+  Registrar() {
+    constexpr auto cuda = DeviceType::cuda;
+    register_kernel("gather", cuda, gather);
+    register_kernel("index_select", cuda, index_select);
+    register_kernel("embedding", cuda, embedding);
+    register_kernel("embedding_backward", cuda, embedding_backward);
+    register_kernel("one_hot", cuda, one_hot);
+    register_kernel("flip", cuda, flip);
+    register_kernel("tril", cuda, triangle<true>);
+    register_kernel("triu", cuda, triangle<false>);
+  }
 } registrar;
 
 }  // namespace

@@ -76,6 +76,19 @@ TEST_CASE("hand-written CUDA kernels compile for sm_90 without spills", "[nvrtc]
   CHECK(per_family["kiln_chunk_sums"] == 1);
   CHECK(per_family["kiln_arg_reduce"] == 8);
   CHECK(per_family["kiln_gather"] == 4);
+  // random.cpp, layer_norm.cpp and the rest of indexing.cpp.
+  CHECK(per_family["kiln_dropout"] == 4);
+  CHECK(per_family["kiln_uniform"] == 4);
+  CHECK(per_family["kiln_normal"] == 4);
+  CHECK(per_family["kiln_randint"] == 8);
+  CHECK(per_family["kiln_layer_norm"] == 4);
+  CHECK(per_family["kiln_layer_norm_backward"] == 4);
+  CHECK(per_family["kiln_layer_norm_param_grads"] == 4);
+  CHECK(per_family["kiln_select_rows"] == 4);
+  CHECK(per_family["kiln_embedding_backward"] == 2);
+  CHECK(per_family["kiln_one_hot"] == 1);
+  CHECK(per_family["kiln_flip"] == 4);
+  CHECK(per_family["kiln_triangle"] == 4);
   std::vector<std::pair<std::string, std::string>> sources;
   for (const cuda::KernelSource& k : kernels) sources.push_back({k.source, k.name});
   std::vector<cuda::CudaBinary> binaries;
