@@ -1,15 +1,13 @@
-// CPU kernels of cat, stack and pad: each input is copied into a view of the output with
-// copy_, whose cast kernel converts dtypes, follows any strides and runs in parallel.
+// Kernels of cat, stack and pad (kernels/join.h): each input is copied into a view of the
+// output with copy_, whose kernel converts dtypes, follows any strides and runs in parallel
+// on the CPU (a generated strided copy on CUDA).
+#include "kernels/join.h"
+
 #include <algorithm>
 
-#include "core/registry.h"
+namespace kiln::join {
 
-namespace kiln::cpu {
-namespace {
-
-using Span = std::span<const Tensor>;
-
-void cat(Span in, Span out, const Attrs& a) {
+void cat(std::span<const Tensor> in, std::span<const Tensor> out, const Attrs& a) {
   const Tensor& o = out[0];
   if (o.numel() == 0) return;
   const int64_t dim = wrap_dim(a.i("dim"), o.dim(), "cat");
@@ -22,14 +20,14 @@ void cat(Span in, Span out, const Attrs& a) {
   }
 }
 
-void stack(Span in, Span out, const Attrs& a) {
+void stack(std::span<const Tensor> in, std::span<const Tensor> out, const Attrs& a) {
   const Tensor& o = out[0];
   if (o.numel() == 0) return;
   const int64_t dim = wrap_dim(a.i("dim"), o.dim(), "stack");
   for (size_t i = 0; i < in.size(); ++i) o.select(dim, static_cast<int64_t>(i)).copy_(in[i]);
 }
 
-void pad(Span in, Span out, const Attrs& a) {
+void pad(std::span<const Tensor> in, std::span<const Tensor> out, const Attrs& a) {
   const std::vector<int64_t>& pads = a.ints("pads");
   Tensor src = in[0], dst = out[0];
   if (dst.numel() == 0) return;
@@ -49,6 +47,7 @@ void pad(Span in, Span out, const Attrs& a) {
   dst.copy_(src);
 }
 
+namespace {
 struct Registrar {
   Registrar() {
     register_kernel("cat", DeviceType::cpu, cat);
@@ -56,6 +55,6 @@ struct Registrar {
     register_kernel("pad", DeviceType::cpu, pad);
   }
 } registrar;
-
 }  // namespace
-}  // namespace kiln::cpu
+
+}  // namespace kiln::join

@@ -1,59 +1,15 @@
-// CUDA kernels of cat, stack and pad, with kernels/cpu/join.cpp's plan: each input is
-// copied into a view of the output with copy_, and pad fills the output with its value
-// first. On CUDA tensors copy_ and fill_ are the generated eager kernels (strided copies
-// with dtype casts, compiler/eager_cuda.cpp), so the work stays on the GPU, one launch per
-// input, and the values are the CPU's exactly (copies and the same casts).
-#include <algorithm>
-
-#include "core/registry.h"
+// CUDA kernels of cat, stack and pad: kernels/join.h's copies into views of the output,
+// which stay on the GPU (one generated strided copy per input).
+#include "kernels/join.h"
 
 namespace kiln::cuda {
 namespace {
 
-using Span = std::span<const Tensor>;
-
-void cat(Span in, Span out, const Attrs& a) {
-  const Tensor& o = out[0];
-  if (o.numel() == 0) return;
-  const int64_t dim = wrap_dim(a.i("dim"), o.dim(), "cat");
-  int64_t start = 0;
-  for (const Tensor& t : in) {
-    if (t.dim() == 1 && t.size(0) == 0) continue;  // skipped, as the shape rule says
-    const int64_t n = t.size(dim);
-    if (n > 0) o.narrow(dim, start, n).copy_(t);
-    start += n;
-  }
-}
-
-void stack(Span in, Span out, const Attrs& a) {
-  const Tensor& o = out[0];
-  if (o.numel() == 0) return;
-  const int64_t dim = wrap_dim(a.i("dim"), o.dim(), "stack");
-  for (size_t i = 0; i < in.size(); ++i) o.select(dim, static_cast<int64_t>(i)).copy_(in[i]);
-}
-
-// Constant padding: negative pads crop the input, positive ones shift where it lands.
-void pad(Span in, Span out, const Attrs& a) {
-  const std::vector<int64_t>& pads = a.ints("pads");
-  Tensor src = in[0], dst = out[0];
-  if (dst.numel() == 0) return;
-  if (std::any_of(pads.begin(), pads.end(), [](int64_t p) { return p > 0; })) dst.fill_(a.scalar("value"));
-  for (size_t i = 0; i < pads.size() / 2; ++i) {
-    const int64_t d = src.dim() - 1 - static_cast<int64_t>(i);
-    const int64_t before = pads[2 * i], after = pads[2 * i + 1];
-    const int64_t length = src.size(d) - std::max<int64_t>(0, -before) - std::max<int64_t>(0, -after);
-    if (length <= 0) return;
-    src = src.narrow(d, std::max<int64_t>(0, -before), length);
-    dst = dst.narrow(d, std::max<int64_t>(0, before), length);
-  }
-  dst.copy_(src);
-}
-
 struct Registrar {
   Registrar() {
-    register_kernel("cat", DeviceType::cuda, cat);
-    register_kernel("stack", DeviceType::cuda, stack);
-    register_kernel("pad", DeviceType::cuda, pad);
+    register_kernel("cat", DeviceType::cuda, join::cat);
+    register_kernel("stack", DeviceType::cuda, join::stack);
+    register_kernel("pad", DeviceType::cuda, join::pad);
   }
 } registrar;
 

@@ -8,6 +8,7 @@
 #include <system_error>
 #include <vector>
 
+#include "compiler/compile.h"
 #include "compiler/ir/graph.h"
 #include "core/grad_mode.h"
 #include "core/ops/optim_ops.h"
@@ -44,6 +45,13 @@ inline compiler::Value number(compiler::Graph& g, double v) {
 inline compiler::Value op(compiler::Graph& g, std::string_view name, std::vector<compiler::Value> in,
                           Attrs attrs = {}) {
   return g.add_op1(name, std::move(in), std::move(attrs));
+}
+
+// What ended each piece of a compiled function's last split run ("item", "return", ...).
+inline std::vector<std::string> split_piece_ends(const compiler::CompiledFunction& f) {
+  std::vector<std::string> ends;
+  for (const compiler::SplitPiece& p : f.last_split()) ends.push_back(p.end);
+  return ends;
 }
 
 // How many op nodes of `op` the graph has.

@@ -18,12 +18,6 @@ namespace {
 using Args = std::vector<Tensor>;
 const TensorOptions f64{.dtype = DType::f64};
 
-std::vector<std::string> piece_ends(const CompiledFunction& f) {
-  std::vector<std::string> ends;
-  for (const SplitPiece& p : f.last_split()) ends.push_back(p.end);
-  return ends;
-}
-
 }  // namespace
 
 TEST_CASE("split: a host read of a computed value splits the function into compiled pieces", "[split]") {
@@ -46,7 +40,7 @@ TEST_CASE("split: a host read of a computed value splits the function into compi
     const Args want = fn({y});
     KILN_CHECK_CLOSE(got[0], want[0], 1e-15, 1e-15);
     KILN_CHECK_CLOSE(got[1], want[1], 1e-15, 1e-15);
-    CHECK(piece_ends(f) == std::vector<std::string>{"item", "return"});
+    CHECK(kiln::testing::split_piece_ends(f) == std::vector<std::string>{"item", "return"});
     REQUIRE(f.last_split().size() == 2);
     CHECK(f.last_split()[0].ops == 2);  // mul, sum
     CHECK(f.last_split()[1].ops > 0);
@@ -92,7 +86,7 @@ TEST_CASE("split: a training step that logs its loss mid-step equals eager", "[s
   }
   CHECK(step.graph_breaks() == 1);
   CHECK(step.split_calls() >= 2);
-  CHECK(piece_ends(step) == std::vector<std::string>{"item", "return"});
+  CHECK(kiln::testing::split_piece_ends(step) == std::vector<std::string>{"item", "return"});
 }
 
 TEST_CASE("split: an op the tracer refuses runs eagerly between compiled pieces", "[split]") {
@@ -133,7 +127,7 @@ TEST_CASE("split: reading a pending tensor's memory runs its piece first", "[spl
   for (int i = 0; i < 2; ++i) {
     const Tensor x = randn({4}, f64);
     KILN_CHECK_CLOSE(f({x})[0], fn({x})[0], 1e-15, 1e-15);
-    CHECK(piece_ends(f) == std::vector<std::string>{"item", "data_ptr", "return"});
+    CHECK(kiln::testing::split_piece_ends(f) == std::vector<std::string>{"item", "data_ptr", "return"});
   }
 }
 
@@ -216,5 +210,5 @@ TEST_CASE("split: explain reports every graph and break of a call", "[split]") {
   CompiledFunction f = compile(fn);
   f({randn({4}, f64)});
   f({randn({4}, f64)});
-  CHECK(piece_ends(f) == std::vector<std::string>{"item", "item", "return"});
+  CHECK(kiln::testing::split_piece_ends(f) == std::vector<std::string>{"item", "item", "return"});
 }

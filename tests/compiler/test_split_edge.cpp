@@ -27,12 +27,6 @@ namespace {
 using Args = std::vector<Tensor>;
 const TensorOptions f64{.dtype = DType::f64};
 
-std::vector<std::string> piece_ends(const CompiledFunction& f) {
-  std::vector<std::string> ends;
-  for (const SplitPiece& p : f.last_split()) ends.push_back(p.end);
-  return ends;
-}
-
 // A split run must leave nothing pending: every tensor it handed out or updated is readable.
 bool pending(const Tensor& t) { return t.defined() && is_pending(*t.storage()); }
 
@@ -105,7 +99,7 @@ TEST_CASE("split edge: two backward calls with retain_graph across breaks", "[sp
       KILN_CHECK_CLOSE(got[k], want[k], rtol_for(dtype), atol_for(dtype));
     }
     KILN_CHECK_CLOSE(got[2], got[1] * 2, rtol_for(dtype), atol_for(dtype));
-    if (i > 0) CHECK(piece_ends(f) == std::vector<std::string>{"item", "item", "return"});
+    if (i > 0) CHECK(kiln::testing::split_piece_ends(f) == std::vector<std::string>{"item", "item", "return"});
   }
   CHECK(f.split_calls() == 2);
 }
@@ -236,7 +230,7 @@ TEST_CASE("split edge: a conv net with batch norm averaging all batches and SGD 
   }
   CHECK(step.graph_breaks() == 1);
   CHECK(step.split_calls() == 3);
-  CHECK(piece_ends(step).front() == "item");
+  CHECK(kiln::testing::split_piece_ends(step).front() == "item");
 }
 
 TEST_CASE("split edge: AdamW steps with the loss logged mid-step", "[split]") {
@@ -405,7 +399,7 @@ TEST_CASE("split edge: results that are arguments or in-place-modified arguments
     KILN_CHECK_EQUAL(got[3], want[3]);
     KILN_CHECK_EQUAL(args[1], y * 2);
     KILN_CHECK_EQUAL(args[2], z + x);
-    CHECK(piece_ends(f) == std::vector<std::string>{"item", "return"});
+    CHECK(kiln::testing::split_piece_ends(f) == std::vector<std::string>{"item", "return"});
   }
 }
 
@@ -425,11 +419,11 @@ TEST_CASE("split edge: pieces that differ between calls compile once each", "[sp
   const Tensor positive = abs(randn({4}, f64)) + 0.5, negative = -abs(randn({4}, f64)) - 0.5;
   f({positive});  // traced
   KILN_CHECK_CLOSE(f({positive})[0], fn({positive})[0], 1e-12, 1e-12);
-  CHECK(piece_ends(f) == std::vector<std::string>{"item", "item", "return"});
+  CHECK(kiln::testing::split_piece_ends(f) == std::vector<std::string>{"item", "item", "return"});
   // first sum; (the first loop body, whose input is an argument); exp of a pending-then-computed value
   const int64_t after_positive = f.piece_programs();
   KILN_CHECK_CLOSE(f({negative})[0], fn({negative})[0], 1e-12, 1e-12);
-  CHECK(piece_ends(f) == std::vector<std::string>{"item", "item", "item", "item", "return"});
+  CHECK(kiln::testing::split_piece_ends(f) == std::vector<std::string>{"item", "item", "item", "item", "return"});
   // Later loop bodies read a computed value rather than an argument: at most one new
   // program for them; the return piece is the same as before.
   CHECK(f.piece_programs() <= after_positive + 1);
@@ -485,7 +479,7 @@ TEST_CASE("split edge: printing a pending tensor inside fn", "[split]") {
   printed.clear();
   KILN_CHECK_CLOSE(got, fn({x})[0], 1e-15, 1e-15);
   CHECK(compiled == printed);
-  CHECK(piece_ends(f) == std::vector<std::string>{"item", "str", "return"});
+  CHECK(kiln::testing::split_piece_ends(f) == std::vector<std::string>{"item", "str", "return"});
 }
 
 TEST_CASE("split edge: printing a parameter a deferred update wrote", "[split]") {
@@ -540,7 +534,7 @@ TEST_CASE("split edge: a refused random op with its own generator between pieces
   (void)f({x});  // traced
   KILN_CHECK_CLOSE(f({x})[0], want, 1e-6, 1e-6);
   CHECK(f.split_calls() == 1);
-  CHECK(piece_ends(f).front() == "dropout");
+  CHECK(kiln::testing::split_piece_ends(f).front() == "dropout");
 }
 
 TEST_CASE("split edge: memory returns to its baseline after split calls", "[split]") {
