@@ -108,7 +108,9 @@ class SplitRun {
     }
     FlagScope computing(computing_);
     tracer_->check_versions();
-    tracer_->finish_random();
+    // No finish_random(): the piece's random ops hold the counters they drew (the piece's
+    // random input is this call's seed and first offset), so draws or a reseed between them
+    // and the read change nothing that runs.
     std::vector<tracing::Tracer::LivePending> live = tracer_->live_pending();
     std::vector<Value> outputs;
     for (const auto& p : live) outputs.push_back(p.value);

@@ -14,6 +14,8 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/ops/factory.h"
+#include "core/tensor.h"
 
 namespace kiln::cuda {
 
@@ -56,6 +58,18 @@ class KernelFamily {
  private:
   std::string base_, source_;
   std::vector<DType> dtypes_;
+};
+
+// A kernel's output: the out tensor, or a contiguous buffer of its shape and dtype that
+// finish() copies into it (the hand-written kernels write dense memory).
+struct Contiguous {
+  Tensor out, buffer;
+  explicit Contiguous(const Tensor& o)
+      : out(o), buffer(o.is_contiguous() ? o : empty(o.shape(), {.dtype = o.dtype(), .device = o.device()})) {}
+  void* ptr() const { return buffer.data_ptr(); }
+  void finish() const {
+    if (!buffer.same(out)) Tensor(out).copy_(buffer);
+  }
 };
 
 // Every instantiation of every registered family.

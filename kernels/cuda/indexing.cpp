@@ -115,16 +115,6 @@ extern "C" __global__ void NAME(const T* x, const long long* index, T* out, long
 
 Tensor contiguous_i64(const Tensor& index) { return index.to(DType::i64).contiguous(); }
 
-// The out tensor, or a contiguous buffer of its shape and dtype that finish() copies into it.
-struct Contiguous {
-  Tensor out, buffer;
-  explicit Contiguous(const Tensor& o)
-      : out(o), buffer(o.is_contiguous() ? o : empty(o.shape(), {.dtype = o.dtype(), .device = o.device()})) {}
-  void* ptr() const { return buffer.data_ptr(); }
-  void finish() const {
-    if (!buffer.same(out)) Tensor(out).copy_(buffer);
-  }
-};
 
 void select_rows(const Tensor& x, const Tensor& index, const Tensor& out, long long outer, long long size,
                  long long inner) {

@@ -135,15 +135,6 @@ Tensor in_compute_dtype(const Tensor& t, DType input) {
 
 const void* ptr(const Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
 
-struct Contiguous {
-  Tensor out, buffer;
-  explicit Contiguous(const Tensor& o)
-      : out(o), buffer(o.is_contiguous() ? o : empty(o.shape(), {.dtype = o.dtype(), .device = o.device()})) {}
-  void* ptr() const { return buffer.data_ptr(); }
-  void finish() const {
-    if (!buffer.same(out)) Tensor(out).copy_(buffer);
-  }
-};
 
 long long threads_for_rows(long long rows) { return rows * kLanes; }
 

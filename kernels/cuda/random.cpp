@@ -91,16 +91,6 @@ extern "C" __global__ void NAME(T* out, long long count, unsigned long long seed
 )",
                             kAll);
 
-// The out tensor, or a contiguous buffer of its shape and dtype that finish() copies into it.
-struct Contiguous {
-  Tensor out, buffer;
-  explicit Contiguous(const Tensor& o)
-      : out(o), buffer(o.is_contiguous() ? o : empty(o.shape(), {.dtype = o.dtype(), .device = o.device()})) {}
-  void* ptr() const { return buffer.data_ptr(); }
-  void finish() const {
-    if (!buffer.same(out)) Tensor(out).copy_(buffer);
-  }
-};
 
 unsigned long long u64_attr(const Attrs& a, const char* key) { return static_cast<unsigned long long>(a.i(key)); }
 

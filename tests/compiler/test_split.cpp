@@ -212,3 +212,24 @@ TEST_CASE("split: explain reports every graph and break of a call", "[split]") {
   f({randn({4}, f64)});
   CHECK(kiln::testing::split_piece_ends(f) == std::vector<std::string>{"item", "item", "return"});
 }
+
+TEST_CASE("split: reseeding the generator inside the function", "[split]") {
+  // A trace refuses manual_seed inside fn (replay could not repeat it); a split run records
+  // each random op with the counters it drew, so it follows eager code's reseed.
+  auto fn = [](const Args& a) -> Args {
+    const Tensor h = dropout(a[0], 0.5);
+    (void)sum(h).item<double>();
+    manual_seed(77);
+    return {dropout(h * 2, 0.5) + rand({64})};
+  };
+  const Tensor x = randn({64});
+  CompiledFunction f = compile(fn);
+  f({x});  // traced: the reseed is a break
+  for (int i = 0; i < 2; ++i) {
+    manual_seed(100 + i);
+    const Tensor got = f({x})[0];
+    manual_seed(100 + i);
+    KILN_CHECK_EQUAL(got, fn({x})[0]);
+  }
+  CHECK(f.split_calls() == 2);
+}
