@@ -249,10 +249,20 @@ Tensor Tensor::grad() const {
   return t.autograd ? t.autograd->grad : Tensor();
 }
 
+namespace {
+thread_local SetGradHook t_set_grad_hook;
+}  // namespace
+
+SetGradHookGuard::SetGradHookGuard(SetGradHook hook) : previous_(std::move(t_set_grad_hook)) {
+  t_set_grad_hook = std::move(hook);
+}
+SetGradHookGuard::~SetGradHookGuard() { t_set_grad_hook = std::move(previous_); }
+
 void Tensor::set_grad(const Tensor& grad) const {
   if (grad.defined())
     KILN_CHECK(grad.shape() == shape() && grad.dtype() == dtype() && grad.device() == device(),
                "set_grad: gradient {} does not match the tensor {}", grad.meta_str(), meta_str());
+  if (t_set_grad_hook) t_set_grad_hook(*this);
   autograd_meta(*this).grad = grad;
 }
 

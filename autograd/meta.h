@@ -26,6 +26,22 @@ Edge gradient_edge(const Tensor& t);
 // g's own memory when nothing else can reach it and it is laid out as the leaf is (as
 // PyTorch's AccumulateGrad steals a gradient), else a copy. Never differentiable.
 Tensor own_gradient(Tensor g, const Tensor& leaf);
+
+// Told before Tensor::set_grad replaces a tensor's .grad (one per thread; install with
+// SetGradHookGuard, guards nest): the tracer learns what a leaf's .grad was when the
+// traced function started, even when the function cleared it (zero_grad) before using
+// the leaf.
+using SetGradHook = std::function<void(const Tensor& tensor)>;
+class SetGradHookGuard {
+ public:
+  explicit SetGradHookGuard(SetGradHook hook);
+  ~SetGradHookGuard();
+  SetGradHookGuard(const SetGradHookGuard&) = delete;
+  SetGradHookGuard& operator=(const SetGradHookGuard&) = delete;
+
+ private:
+  SetGradHook previous_;
+};
 // A handle number, unique in the process.
 int next_hook_handle();
 

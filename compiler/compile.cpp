@@ -394,8 +394,9 @@ std::vector<Tensor> CompiledFunction::operator()(const std::vector<Tensor>& args
     const std::vector<Tensor> inputs = t.inputs_for(args);
     for (size_t j = 0; j < t.captured.size(); ++j) {
       TensorGuard g = TensorGuard::of(inputs[args.size() + j]);
-      // The graph was made for the gradients as the trace first saw them.
-      g.grad_defined = t.grad_defined.at(args.size() + j);
+      // The graph was made for the gradients as they were when fn was called (as the trace
+      // first saw them, unless fn cleared them before).
+      g.grad_defined = t.grad_defined_at_call.at(args.size() + j);
       entry.captured.push_back(std::move(g));
     }
     entry.aliases = alias_pattern(inputs);

@@ -46,9 +46,10 @@
 // with its ops deferred and recorded, and the pieces between the breaks (host reads of
 // computed values, refused ops) run as compiled programs, cached by their graph's hash.
 //
-// A leaf's .grad guard is taken as the trace first saw the leaf: a function that clears
-// .grad itself (zero_grad(set_to_none) inside fn) after the first call recompiles on every
-// call; clear gradients outside the compiled function.
+// A leaf's .grad guard is its state when fn was called: a step that clears gradients itself
+// (optimizer.zero_grad() with set_to_none, first thing in fn) traces once for .grad
+// defined at the call and replays from then on (the tracer hears set_grad, so it knows the
+// state before fn cleared it).
 //
 // Not thread-safe: call one CompiledFunction from one thread at a time.
 #include <cstdint>

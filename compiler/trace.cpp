@@ -4,6 +4,7 @@
 
 #include <optional>
 
+#include "autograd/meta.h"
 #include "compiler/tracer.h"
 #include "core/registry.h"
 #include "models/module.h"
@@ -51,6 +52,7 @@ Trace trace(const TracedFunction& fn, const std::vector<Tensor>& args,
       tracer.on_host_read(t, reader);
       after_break();
     });
+    SetGradHookGuard set_grads([&tracer](const Tensor& t) { tracer.on_set_grad(t); });
     returned = fn(args);
     if (rest) rest->finish();
   }

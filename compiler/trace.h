@@ -115,6 +115,9 @@ struct Trace {
   // trace first saw it (the graph depends on it: AccumulateGrad clones or adds); nullopt
   // for other tensors.
   std::vector<std::optional<bool>> grad_defined;
+  // The same when fn was called (the guard compile() checks): it differs from
+  // grad_defined for a leaf whose .grad fn cleared (zero_grad) before first using it.
+  std::vector<std::optional<bool>> grad_defined_at_call;
   // Per graph input: the index of the graph input whose .grad this tensor was when
   // captured (a gradient accumulated in place), -1 otherwise.
   std::vector<int64_t> grad_of;

@@ -205,6 +205,15 @@ class Tracer {
     }
   }
 
+  // Before fn replaces a .grad (set_grad): for a tensor not seen yet, what its .grad was
+  // when fn was called (its first replacement's old value).
+  void on_set_grad(const Tensor& t) {
+    if (busy_ || trace_.broken()) return;
+    for (const Tensor& input : inputs_)
+      if (input.same(t)) return;
+    grad_at_call_.emplace(t.impl(), t.grad().defined());
+  }
+
   // ---- for split runs (compiler/split.cpp), where recorded calls were deferred ----
 
   bool busy() const { return busy_; }
@@ -594,6 +603,10 @@ class Tracer {
     const bool leaf_with_grad = t.requires_grad() && t.is_leaf();
     const Tensor grad = leaf_with_grad ? t.grad() : Tensor();
     trace_.grad_defined.push_back(leaf_with_grad ? std::optional<bool>(grad.defined()) : std::nullopt);
+    std::optional<bool> at_call = trace_.grad_defined.back();
+    if (auto before = grad_at_call_.find(t.impl()); leaf_with_grad && before != grad_at_call_.end())
+      at_call = before->second;
+    trace_.grad_defined_at_call.push_back(at_call);
     grad_before_.push_back(grad);
     if (grad.defined()) grad_owner_.emplace(grad.impl(), index);
   }
@@ -637,6 +650,9 @@ class Tracer {
   std::vector<Tensor> grad_before_;  // per graph input: its .grad at first sight
   std::unordered_map<const TensorImpl*, int64_t> grad_owner_;  // a .grad -> its leaf's input
   std::vector<PendingOutput> pending_;  // outputs of deferred calls, in call order
+  // Per tensor fn set a .grad on before the trace saw it: whether that .grad was defined
+  // when fn was called. Keyed by address: held only while the call runs, when fn's leaves live.
+  std::unordered_map<const TensorImpl*, bool> grad_at_call_;
 };
 
 class SplitRun;  // compiler/split.cpp

@@ -8,6 +8,8 @@
 
 #include "compiler/compile.h"
 #include "compiler_testing.h"
+#include "models/small_models.h"
+#include "optim/sgd.h"
 #include "testing.h"
 
 using namespace kiln;
@@ -245,4 +247,38 @@ TEST_CASE("compile writes the trace of each new graph into the dump folder", "[c
   CHECK(compiler::print(compiler::parse(text.str()), false) ==
         compiler::print(f.traces().at(0)->graph, false));
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("compile of a step that calls zero_grad itself replays without recompiling", "[compile]") {
+  // opt.zero_grad() (set_to_none) first thing in the step, as PyTorch code writes it: the
+  // graph's guard is .grad as it is when the step is called, not after fn cleared it.
+  manual_seed(31);
+  models::MLP model({4, 8, 3}), reference({4, 8, 3});
+  kiln::testing::copy_parameters(model, reference);
+  optim::SGD opt(model.parameters(), {.lr = 0.1, .momentum = 0.9});
+  optim::SGD ref_opt(reference.parameters(), {.lr = 0.1, .momentum = 0.9});
+  auto step_of = [](models::MLP& m, optim::SGD& o) {
+    return [&m, &o](const Args& a) -> Args {
+      o.zero_grad();
+      Tensor loss = mse_loss(m(a[0]), a[1]);
+      loss.backward();
+      o.step();
+      return {loss.detach()};
+    };
+  };
+  auto eager = step_of(reference, ref_opt);
+  const Tensor x0 = randn({6, 4}), y0 = randn({6, 3});
+  step_of(model, opt)({x0, y0});  // the optimizer's first step creates its state: eagerly
+  eager({x0, y0});
+  CompiledFunction step = compile(step_of(model, opt), {.trace = module_names(model)});
+  for (int i = 0; i < 5; ++i) {
+    INFO("call " << i);
+    const Tensor x = randn({6, 4}), y = randn({6, 3});
+    KILN_CHECK_CLOSE(step({x, y})[0], eager({x, y})[0], 1e-5, 1e-6);
+    const auto params = model.parameters(), ref_params = reference.parameters();
+    for (size_t k = 0; k < params.size(); ++k) KILN_CHECK_CLOSE(params[k], ref_params[k], 1e-5, 1e-6);
+  }
+  CHECK(step.recompiles() == 0);
+  CHECK(step.cache_size() == 1);
+  CHECK(step.graph_breaks() == 0);
 }
