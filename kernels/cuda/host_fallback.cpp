@@ -17,9 +17,8 @@ namespace {
 
 using Span = std::span<const Tensor>;
 
-constexpr const char* kOnHost[] = {"cross_entropy_prob_loss", "cross_entropy_prob_loss_backward",
-                                   "scatter_add", "cumsum", "topk", "sort", "prod", "var", "std", "logsumexp",
-                                   "all", "any", "norm"};
+constexpr const char* kOnHost[] = {"cross_entropy_prob_loss", "cross_entropy_prob_loss_backward", "scatter_add",
+                                   "topk", "sort"};
 
 std::mutex g_mutex;
 std::set<std::string>& used() {

@@ -89,6 +89,9 @@ TEST_CASE("hand-written CUDA kernels compile for sm_90 without spills", "[nvrtc]
   CHECK(per_family["kiln_one_hot"] == 1);
   CHECK(per_family["kiln_flip"] == 4);
   CHECK(per_family["kiln_triangle"] == 4);
+  // prod_cumsum.cpp.
+  CHECK(per_family["kiln_product"] == 8);
+  CHECK(per_family["kiln_cumsum"] == 8);
   std::vector<std::pair<std::string, std::string>> sources;
   for (const cuda::KernelSource& k : kernels) sources.push_back({k.source, k.name});
   std::vector<cuda::CudaBinary> binaries;

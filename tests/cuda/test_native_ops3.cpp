@@ -1,0 +1,222 @@
+// The reductions and the scan that left the CUDA host fallback: var, std, logsumexp, all,
+// any and norm (kernels/cuda/reduce_composed.cpp, composed of eager CUDA ops), prod and
+// cumsum (kernels/cuda/prod_cumsum.cpp, hand-written). On a GPU each equals the CPU for
+// several shapes, dtypes, dims and strided inputs. (That the kernels compile to sm_90
+// without a GPU is test_native_ops.cpp's [nvrtc] test.) Tolerances, relative:
+// - var, std, logsumexp, the finite norms, prod: the GPU's f64 sums and products group
+//   differently from the CPU's loops and exp/log/sqrt/pow come from libdevice, so f32 agrees
+//   to 1e-6 (a few ulp of the rounded result), f64 to 1e-12, the 16-bit floats to
+//   testing::tol (one step of the dtype when a rounding flips);
+// - all, any, the infinite norms, integer prod, cumsum: exact (no rounding, or the CPU's order).
+#include <algorithm>
+#include <cmath>
+
+#include "core/ops/elementwise.h"
+#include "core/ops/indexing.h"
+#include "core/ops/reduce.h"
+#include "cuda/cuda_testing.h"
+
+using namespace kiln;
+using kiln::testing::gpu;
+using kiln::testing::host;
+using kiln::testing::values_in;
+
+namespace {
+
+bool on_host_fallback(const std::string& op) {
+  const std::vector<std::string> used = cuda::host_fallback_ops();
+  return std::find(used.begin(), used.end(), op) != used.end();
+}
+
+// See the file comment.
+double rounding_tol(DType dt) { return dt == DType::f64 ? 1e-12 : dt == DType::f32 ? 1e-6 : testing::tol(dt); }
+
+// A CPU tensor and the same values on the GPU, contiguous or as a strided view there.
+struct Pair {
+  Tensor cpu, cuda;
+  std::string what;
+};
+
+// x itself, x transposed (dims 0 and last) and every other element of its last dim, each
+// on both devices; the GPU's views are views of GPU memory.
+std::vector<Pair> layouts(const Tensor& x) {
+  std::vector<Pair> pairs = {{x, gpu(x), "contiguous"}};
+  if (x.dim() >= 2) pairs.push_back({x.transpose(0, -1), gpu(x).transpose(0, -1), "transposed"});
+  if (x.dim() >= 1 && x.size(-1) > 1) {
+    const int64_t n = x.size(-1);
+    pairs.push_back({x.slice(-1, 0, n, 2), gpu(x).slice(-1, 0, n, 2), "every other"});
+  }
+  return pairs;
+}
+
+const std::vector<Shape> kShapes = {{6, 37}, {4, 5, 33}, {300}, {}, {3, 0, 4}};
+
+std::vector<DimList> dim_lists(int64_t ndim) {
+  if (ndim == 0) return {{}, {0}};
+  if (ndim == 1) return {{}, {0}, {-1}};
+  return {{}, {0}, {-1}, {0, ndim - 1}};
+}
+
+}  // namespace
+
+TEST_CASE("var and std on the GPU equal the CPU for every correction and dim list", "[cuda]") {
+  KILN_NEEDS_GPU();
+  for (DType dt : testing::kFloatDTypes) {
+    for (const Shape& shape : kShapes) {
+      for (const Pair& p : layouts(values_in(shape, -3, 3, dt, 5))) {
+        for (const DimList& dims : dim_lists(p.cpu.dim())) {
+          for (double correction : {0.0, 1.0, 2.5}) {
+            for (bool keepdim : {false, true}) {
+              INFO(fmt::format("{} {} {} dims {} correction {} keepdim {}", dt, p.cpu.meta_str(), p.what,
+                               fmt::join(dims, ","), correction, keepdim));
+              KILN_CHECK_CLOSE(host(var(p.cuda, dims, correction, keepdim)),
+                               var(p.cpu, dims, correction, keepdim), rounding_tol(dt), 0);
+              KILN_CHECK_CLOSE(host(kiln::std(p.cuda, dims, correction, keepdim)),
+                               kiln::std(p.cpu, dims, correction, keepdim), rounding_tol(dt), 0);
+            }
+          }
+        }
+      }
+    }
+  }
+  // One long row: the generated sums' two-pass path.
+  const Tensor x = values_in({2, 300001}, -1, 5, DType::f32, 7);
+  KILN_CHECK_CLOSE(host(var(gpu(x), {1})), var(x, {1}), 1e-6, 0);
+  KILN_CHECK_CLOSE(host(kiln::std(gpu(x))), kiln::std(x), 1e-6, 0);
+  CHECK_FALSE(on_host_fallback("var"));
+  CHECK_FALSE(on_host_fallback("std"));
+}
+
+TEST_CASE("logsumexp on the GPU equals the CPU with infinities and integer inputs", "[cuda]") {
+  KILN_NEEDS_GPU();
+  for (DType dt : testing::kFloatDTypes) {
+    for (const Shape& shape : kShapes) {
+      for (const Pair& p : layouts(values_in(shape, -20, 20, dt, 6))) {
+        for (const DimList& dims : dim_lists(p.cpu.dim())) {
+          for (bool keepdim : {false, true}) {
+            INFO(fmt::format("{} {} {} dims {} keepdim {}", dt, p.cpu.meta_str(), p.what, fmt::join(dims, ","),
+                             keepdim));
+            KILN_CHECK_CLOSE(host(logsumexp(p.cuda, dims, keepdim)), logsumexp(p.cpu, dims, keepdim),
+                             rounding_tol(dt), 0);
+          }
+        }
+      }
+    }
+  }
+  // A row of -inf gives -inf, a row with +inf gives +inf, a NaN gives NaN.
+  Tensor x = values_in({4, 9}, -3, 3, DType::f32, 8);
+  x[0].fill_(-INFINITY);
+  x[1][3].fill_(INFINITY);
+  x[2][5].fill_(std::nan(""));
+  KILN_CHECK_CLOSE(host(logsumexp(gpu(x), {1})), logsumexp(x, {1}), 1e-6, 0);
+  CHECK(std::isinf(host(logsumexp(gpu(x), {1}))[0].item<float>()));
+  const Tensor ints = testing::small_integers({5, 7}, DType::i32);
+  KILN_CHECK_CLOSE(host(logsumexp(gpu(ints), {1}, true)), logsumexp(ints, {1}, true), 1e-6, 0);
+  CHECK_FALSE(on_host_fallback("logsumexp"));
+}
+
+TEST_CASE("all and any on the GPU equal the CPU in every dtype", "[cuda]") {
+  KILN_NEEDS_GPU();
+  for (DType dt : testing::kAllDTypes) {
+    for (const Shape& shape : kShapes) {
+      // Zeros where the pattern gives 0 (one in 13), and whole rows of zeros and ones.
+      Tensor x = testing::small_integers(shape, dt);
+      if (x.dim() == 2) {
+        x[0].fill_(0);
+        x[1].fill_(1);
+      }
+      if (is_floating(dt) && x.numel() > 3) x.flatten()[3].fill_(std::nan(""));  // NaN is nonzero
+      for (const Pair& p : layouts(x)) {
+        for (const DimList& dims : dim_lists(p.cpu.dim())) {
+          for (bool keepdim : {false, true}) {
+            INFO(fmt::format("{} {} {} dims {} keepdim {}", dt, p.cpu.meta_str(), p.what, fmt::join(dims, ","),
+                             keepdim));
+            const Tensor all_gpu = host(all(p.cuda, dims, keepdim)), any_gpu = host(any(p.cuda, dims, keepdim));
+            CHECK(all_gpu.dtype() == all(p.cpu, dims, keepdim).dtype());
+            KILN_CHECK_EQUAL(all_gpu, all(p.cpu, dims, keepdim));
+            KILN_CHECK_EQUAL(any_gpu, any(p.cpu, dims, keepdim));
+          }
+        }
+      }
+    }
+  }
+  CHECK_FALSE(on_host_fallback("all"));
+  CHECK_FALSE(on_host_fallback("any"));
+}
+
+TEST_CASE("norm on the GPU equals the CPU for every p", "[cuda]") {
+  KILN_NEEDS_GPU();
+  for (DType dt : testing::kFloatDTypes) {
+    for (const Shape& shape : kShapes) {
+      Tensor x = values_in(shape, -3, 3, dt, 9);
+      x = where(lt(abs(x), 0.5), 0.0, x);  // zeros for p = 0 and the negative p
+      for (const Pair& p : layouts(x)) {
+        for (const DimList& dims : dim_lists(p.cpu.dim())) {
+          for (double order : {0.0, 1.0, 2.0, 3.0, 0.5, -1.5, double(INFINITY), -double(INFINITY)}) {
+            if (p.cpu.numel() == 0 && (order < 0 || std::isinf(order))) continue;  // rejected
+            for (bool keepdim : {false, true}) {
+              INFO(fmt::format("{} {} {} dims {} p {} keepdim {}", dt, p.cpu.meta_str(), p.what,
+                               fmt::join(dims, ","), order, keepdim));
+              const double t = std::isinf(order) ? 0 : rounding_tol(dt);
+              KILN_CHECK_CLOSE(host(norm(p.cuda, order, dims, keepdim)), norm(p.cpu, order, dims, keepdim), t, 0);
+            }
+          }
+        }
+      }
+    }
+  }
+  CHECK_FALSE(on_host_fallback("norm"));
+}
+
+TEST_CASE("prod on the GPU equals the CPU in every dtype", "[cuda]") {
+  KILN_NEEDS_GPU();
+  for (DType dt : testing::kAllDTypes) {
+    for (const Shape& shape : kShapes) {
+      // Floats near 1 keep long products finite; integer products wrap as on the CPU.
+      const Tensor x = is_floating(dt) ? values_in(shape, 0.6, 1.4, dt, 10) : testing::small_integers(shape, dt);
+      for (const Pair& p : layouts(x)) {
+        for (const DimList& dims : dim_lists(p.cpu.dim())) {
+          for (bool keepdim : {false, true}) {
+            INFO(fmt::format("{} {} {} dims {} keepdim {}", dt, p.cpu.meta_str(), p.what, fmt::join(dims, ","),
+                             keepdim));
+            const Tensor expected = prod(p.cpu, dims, keepdim);
+            const Tensor actual = host(prod(p.cuda, dims, keepdim));
+            CHECK(actual.dtype() == expected.dtype());
+            KILN_CHECK_CLOSE(actual, expected, rounding_tol(dt), 0);
+          }
+        }
+      }
+    }
+  }
+  // The output dtype's instantiations: i32 (wrapping) and f16 products of other inputs.
+  const Tensor ints = testing::small_integers({7, 40}, DType::i64);
+  KILN_CHECK_EQUAL(host(prod(gpu(ints), {1}, false, DType::i32)), prod(ints, {1}, false, DType::i32));
+  const Tensor near_one = values_in({7, 40}, 0.9, 1.1, DType::f32, 11);
+  KILN_CHECK_CLOSE(host(prod(gpu(near_one), {0}, false, DType::f16)), prod(near_one, {0}, false, DType::f16),
+                   testing::tol(DType::f16), 0);
+  // A long row: one block's 256 threads and their combining steps.
+  const Tensor long_row = values_in({100003}, 0.9999, 1.0001, DType::f64, 12);
+  KILN_CHECK_CLOSE(host(prod(gpu(long_row))), prod(long_row), 1e-12, 0);
+  CHECK_FALSE(on_host_fallback("prod"));
+}
+
+TEST_CASE("cumsum on the GPU equals the CPU exactly in every dtype and dim", "[cuda]") {
+  KILN_NEEDS_GPU();
+  for (DType dt : testing::kAllDTypes) {
+    for (const Shape& shape : kShapes) {
+      const Tensor x = is_floating(dt) ? values_in(shape, -3, 3, dt, 13) : testing::small_integers(shape, dt);
+      for (const Pair& p : layouts(x)) {
+        for (int64_t dim = -std::max<int64_t>(1, p.cpu.dim()); dim < std::max<int64_t>(1, p.cpu.dim()); ++dim) {
+          INFO(fmt::format("{} {} {} dim {}", dt, p.cpu.meta_str(), p.what, dim));
+          const Tensor expected = cumsum(p.cpu, dim), actual = host(cumsum(p.cuda, dim));
+          CHECK(actual.dtype() == expected.dtype());
+          KILN_CHECK_EQUAL(actual, expected);
+        }
+      }
+    }
+  }
+  const Tensor x = values_in({5, 70}, -3, 3, DType::f32, 14);
+  KILN_CHECK_EQUAL(host(cumsum(gpu(x), 1, DType::f64)), cumsum(x, 1, DType::f64));
+  KILN_CHECK_EQUAL(host(cumsum(gpu(x).t(), 0, DType::bf16)), cumsum(x.t(), 0, DType::bf16));
+  CHECK_FALSE(on_host_fallback("cumsum"));
+}
