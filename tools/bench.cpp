@@ -223,6 +223,13 @@ void profile_cuda_step(const std::function<void()>& step, Device device) {
   std::cerr << fmt::format("host fallback ops: {}\n", fmt::join(fallback, ", "));
 }
 
+// The JSON field naming the GEMM that CPU products ran: figures from two machines
+// compare only when they ran the same kernels (kernels/cpu/gemm.h).
+std::string blas_field() {
+  if (cpu::gemm_backend() != cpu::GemmBackend::blas) return R"(,"gemm":"eigen")";
+  return fmt::format(R"(,"gemm":"openblas","blas_kernels":"{}")", cpu::gemm_blas_kernels());
+}
+
 // One JSON line: the median time of an optimizer step (forward, backward, SGD update) of
 // `arch` on a synthetic batch, images per second, and the peak bytes of live tensors
 // during the timed steps (parameters, gradients and optimizer state included).
@@ -322,6 +329,7 @@ int bench_train(const TrainBenchOptions& o) {
   for (const Mode& m : modes) timing.push_back({median_of(m.ms), m.peak, m.first_call_s});
 
   std::string extra;
+  if (device.is_cpu()) extra = blas_field();
   if (device.is_cuda()) {
     const std::vector<std::string> fallback = cuda::host_fallback_ops();
     extra = fmt::format(R"(,"tf32":true,"cudnn_benchmark":true,"reserved_mib":{:.1f},"host_fallback_ops":[{}])",
@@ -451,7 +459,7 @@ int bench_mlp_block(const MlpBlockOptions& o) {
   timed.median_ms = median_of(compiled_ms);
   eager.peak_mib = time_steps(eager_step, 1, 1).peak_mib;
   timed.peak_mib = time_steps(compiled_step, 1, 1).peak_mib;
-  line("eager", eager, "");
+  line("eager", eager, blas_field());
   std::vector<Tensor> grads;
   for (const Tensor& p : block.parameters()) grads.push_back(p.grad());
   block.clear_grads();

@@ -105,6 +105,14 @@ GemmBackend gemm_backend() { return g_backend.load(); }
 
 bool gemm_blas_available() { return kHaveBlas; }
 
+std::string gemm_blas_kernels() {
+#ifdef KILN_HAVE_OPENBLAS
+  return openblas_get_corename();
+#else
+  return "";
+#endif
+}
+
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
           int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   gemm_impl(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);

@@ -4,6 +4,7 @@
 // OpenBLAS does the work where kiln was built with it, Eigen otherwise; both use the
 // OpenMP threads when called outside a parallel region and one thread inside one.
 #include <cstdint>
+#include <string>
 
 namespace kiln::cpu {
 
@@ -16,6 +17,13 @@ void set_gemm_backend(GemmBackend backend);
 GemmBackend gemm_backend();
 // Whether this build has OpenBLAS.
 bool gemm_blas_available();
+
+// The OpenBLAS kernels GEMM runs ("Haswell", "SkylakeX", ...; "" without OpenBLAS). A
+// DYNAMIC_ARCH OpenBLAS picks them per CPU as it loads, unless OPENBLAS_CORETYPE names
+// them: on the AVX-512 machines here it picks Cooperlake, and OPENBLAS_CORETYPE=Haswell
+// (AVX2) makes ResNet-50's CPU training step 1.2-1.3x slower. kiln-bench prints it, since
+// figures from two machines compare only when they ran the same kernels.
+std::string gemm_blas_kernels();
 
 // C = alpha * op(A) op(B) + beta * C, where op(A) is m x k and op(B) is k x n. A is stored
 // m x k (k x m when trans_a, and op(A) is its transpose) with rows lda elements apart; B

@@ -271,3 +271,8 @@ TEST_CASE("matmul: bad operands throw errors naming the op and shapes", "[linalg
                     "matmul: f32[2,3] cpu @ f32[3,4] cuda:0: devices cpu and cuda:0 differ");
   CHECK_THROWS_AS(find_op("mm").infer(metas, {}), Error);
 }
+
+TEST_CASE("matmul: the OpenBLAS kernels in use are named", "[linalg]") {
+  const std::string kernels = cpu::gemm_blas_kernels();
+  CHECK(kernels.empty() == !cpu::gemm_blas_available());
+}
