@@ -186,6 +186,16 @@ void Program::plan_in_place() {
         in_place_eager_[s] = i;
         continue;
       }
+      // An addmm accumulating into the input it writes back to (the compiler's
+      // gemm_epilogues: grad + mm(a, b)) reads that input only at the element it writes, as
+      // its full-size bias, so it may run in place when no operand of the product reads it.
+      if (i >= 0 && last_read[static_cast<size_t>(i)] <= step && node.op == "addmm" &&
+          node.inputs.at(0).node == graph_.inputs()[static_cast<size_t>(i)].node &&
+          graph_.type(node.inputs[0]).shape == node.outputs[0].shape && input_behind(node.inputs.at(1).node) != i &&
+          input_behind(node.inputs.at(2).node) != i) {
+        in_place_eager_[s] = i;
+        continue;
+      }
     }
     const OpDef* twin = nullptr;
     for (const OpDef* def : all_ops())

@@ -93,8 +93,9 @@ class Program {
   // to run instead, when every output is such a write-back of the input it updates.
   std::vector<std::vector<int32_t>> in_place_outputs_;
   std::vector<const OpDef*> in_place_op_;
-  // Per eager step of one output written back to an input the step does not read: that
-  // input, which the op writes its result into (call_op_out), or -1.
+  // Per eager step of one output written back to an input the step does not read (or reads
+  // only at the element it writes: addmm's full-size bias, the gradient it accumulates
+  // into): that input, which the op writes its result into (call_op_out), or -1.
   std::vector<int32_t> in_place_eager_;
   // Buffer reuse (the memory plan's second rule): per pointwise kernel step, per output
   // buffer, the position among the kernel's input buffers of a value of the same type that

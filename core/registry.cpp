@@ -392,9 +392,7 @@ static void check_inplace_overlap(const OpDef& op, const std::vector<Tensor>& in
   if (out.numel() == 0 || !dense_without_overlap(out)) return;
   const auto [lo, hi] = element_range(out);
   for (const Tensor& in : inputs) {
-    if (!in.defined() || in.storage() != out.storage() || in.numel() == 0) continue;
-    if (in.offset() == out.offset() && in.shape() == out.shape() && in.strides() == out.strides())
-      continue;
+    if (!in.defined() || in.storage() != out.storage() || in.numel() == 0 || same_view(in, out)) continue;
     if (!dense_without_overlap(in)) continue;
     const auto [ilo, ihi] = element_range(in);
     KILN_CHECK(ihi < lo || ilo > hi,

@@ -186,6 +186,13 @@ Tensor wrap_scalar(Scalar s);
 // A 0-d tensor holding `s` converted to `dtype`.
 Tensor scalar_tensor(Scalar s, DType dtype, Device device = Device::cpu());
 
+// Whether a and b are the same view of the same storage (same offset, shape and strides):
+// writing one element of a writes that element of b.
+inline bool same_view(const Tensor& a, const Tensor& b) {
+  return a.defined() && b.defined() && a.storage() == b.storage() && a.offset() == b.offset() &&
+         a.shape() == b.shape() && a.strides() == b.strides();
+}
+
 // Bumps the version counter of t's storage: call after writing into t in place.
 inline void bump_version(const Tensor& t) { ++t.storage()->version; }
 

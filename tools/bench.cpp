@@ -356,6 +356,7 @@ int bench_train(const TrainBenchOptions& o) {
 
 struct MlpBlockOptions {
   int64_t batch = 256, width = 1024, hidden = 0, steps = 10, warmup = 2;  // hidden 0: 4 * width
+  int64_t micro_steps = 1;  // backward passes accumulated into .grad per step (one batch each)
   bool describe = false;  // print the compiled program's steps (stderr)
   bool profile = false;   // print where the compiled step's time goes (stderr)
 };
@@ -397,28 +398,29 @@ struct MlpBlock {
 // One JSON line per mode (eager, compiled): the median time of the block's training step on
 // one batch, and the peak bytes of live tensors, with the compiled step's speedup.
 int bench_mlp_block(const MlpBlockOptions& o) {
-  KILN_CHECK(o.batch > 0 && o.width > 0 && o.hidden >= 0 && o.steps > 0 && o.warmup >= 1,
-             "kiln-bench mlp-block: --batch, --width, --steps and --warmup must be positive");
+  KILN_CHECK(o.batch > 0 && o.width > 0 && o.hidden >= 0 && o.steps > 0 && o.warmup >= 1 && o.micro_steps > 0,
+             "kiln-bench mlp-block: --batch, --width, --steps, --warmup and --micro-steps must be positive");
   manual_seed(0);
   const int64_t hidden = o.hidden > 0 ? o.hidden : 4 * o.width;
   const MlpBlock block(o.width, hidden);
   const Tensor x = randn({o.batch, o.width});
   auto line = [&](const char* mode, const TrainTiming& t, const std::string& extra) {
     std::cout << fmt::format(
-        R"({{"bench":"mlp-block","mode":"{}","batch":{},"width":{},"hidden":{},"steps":{},"median_step_ms":{:.2f},)"
-        R"("peak_mib":{:.1f},"first_call_s":{:.2f}{}}})" "\n",
-        mode, o.batch, o.width, hidden, o.steps, t.median_ms, t.peak_mib, t.first_call_s, extra);
+        R"({{"bench":"mlp-block","mode":"{}","batch":{},"width":{},"hidden":{},"micro_steps":{},"steps":{},)"
+        R"("median_step_ms":{:.2f},"peak_mib":{:.1f},"first_call_s":{:.2f}{}}})" "\n",
+        mode, o.batch, o.width, hidden, o.micro_steps, o.steps, t.median_ms, t.peak_mib, t.first_call_s, extra);
   };
   compiler::CompiledFunction compiled =
       compiler::compile([&block](const std::vector<Tensor>& args) { return block.step(args); },
                         {.profile = o.profile});
+  // Micro-steps after the first accumulate into .grad (a graph of their own when compiled).
   auto eager_step = [&] {
     block.clear_grads();
-    block.step({x});
+    for (int64_t m = 0; m < o.micro_steps; ++m) block.step({x});
   };
   auto compiled_step = [&] {
     block.clear_grads();
-    compiled({x});
+    for (int64_t m = 0; m < o.micro_steps; ++m) compiled({x});
   };
   // The two steps alternate, so that both see the same load on a shared machine; each peak
   // is measured over a run of its own steps.
@@ -441,12 +443,14 @@ int bench_mlp_block(const MlpBlockOptions& o) {
   const Tensor g1 = randn({o.batch, hidden}), g2 = randn({o.batch, o.width});
   auto gemms = [&] {
     NoGradGuard no_grad;
-    matmul(h, block.fc1_weight.t());
-    matmul(a, block.fc2_weight.t());
-    matmul(g2, block.fc2_weight);
-    matmul(g2.t(), a);
-    matmul(g1, block.fc1_weight);
-    matmul(g1.t(), h);
+    for (int64_t m = 0; m < o.micro_steps; ++m) {
+      matmul(h, block.fc1_weight.t());
+      matmul(a, block.fc2_weight.t());
+      matmul(g2, block.fc2_weight);
+      matmul(g2.t(), a);
+      matmul(g1, block.fc1_weight);
+      matmul(g1.t(), h);
+    }
   };
   gemms();
   std::vector<double> eager_ms, compiled_ms, gemm_ms;
@@ -462,8 +466,7 @@ int bench_mlp_block(const MlpBlockOptions& o) {
   line("eager", eager, blas_field());
   std::vector<Tensor> grads;
   for (const Tensor& p : block.parameters()) grads.push_back(p.grad());
-  block.clear_grads();
-  block.step({x});
+  eager_step();
   double max_error = 0;
   for (size_t i = 0; i < grads.size(); ++i)
     max_error = std::max(max_error, max(abs(grads[i] - block.parameters()[i].grad())).item<double>());
@@ -502,6 +505,7 @@ MlpBlockOptions parse_mlp_block_options(int argc, char** argv) {
     else if (option == "--hidden") o.hidden = v;
     else if (option == "--steps") o.steps = v;
     else if (option == "--warmup") o.warmup = v;
+    else if (option == "--micro-steps") o.micro_steps = v;
     else fail("kiln-bench mlp-block: unknown option {}", option);
   }
   return o;
@@ -569,7 +573,8 @@ int main(int argc, char** argv) {
                  "         channels_last: where the compiled modes' layout pass runs convolutions NHWC]\n"
                  "  mlp-block  eager against compiled training step (forward, loss mean(y^2), backward) of\n"
                  "         y = x + fc2(gelu(fc1(layer_norm(x)))): --batch 256 --width 1024 --hidden 4*width\n"
-                 "         --steps 10 --warmup 2 [--describe: the traced graph on stderr; --profile: where the\n"
+                 "         --steps 10 --warmup 2 --micro-steps 1 (backward passes accumulated per step)\n"
+                 "         [--describe: the traced graph on stderr; --profile: where the\n"
                  "         compiled step's time goes, on stderr; KILN_DUMP=DIR: every stage]; the compiled\n"
                  "         line adds the time of the step's six matmuls alone and the speedup outside them\n";
     return 2;

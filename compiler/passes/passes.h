@@ -45,6 +45,14 @@ const std::vector<Rule>& simplify_rules();
 Graph decompose(const Graph& graph, RewriteLog* log = nullptr);
 const std::vector<Rule>& decompose_rules();
 
+// Additions a GEMM does itself (compiler/passes/epilogue.cpp): x + mm(a, b) (either side,
+// matmul too, 2-d f32/f64 operands) where x has the sum's own type and nothing else reads
+// the product becomes addmm(x, a, b), so gradient accumulation (`grad += g` of a Linear
+// weight) and full-size residual adds need no second pass and no temporary; a sum written
+// back into x runs in place. Agrees with the add to rounding (the GEMM adds x among its
+// partial sums). Logs one line per rewrite.
+Graph gemm_epilogues(const Graph& graph, RewriteLog* log = nullptr);
+
 // Where the layout pass runs a graph's convolutions channels-last (NHWC): automatic (on the
 // CPU, where kiln's NHWC convolutions are GEMMs over the whole batch and beat the NCHW ones;
 // on CUDA not yet, until its batch norm and pooling have NHWC kernels), keep (never) or
@@ -87,8 +95,8 @@ Graph run_pipeline(const Graph& graph, const std::vector<NamedPass>& passes,
 
 // {fold_constants, simplify, dead_code}.
 std::vector<NamedPass> default_simplify_passes();
-// What kiln::compile runs before fusion: {fold_constants, simplify, decompose, layout,
-// dead_code}.
+// What kiln::compile runs before fusion: {fold_constants, simplify, decompose,
+// gemm_epilogues, layout, dead_code}.
 std::vector<NamedPass> default_compile_passes(LayoutPolicy layout = LayoutPolicy::automatic);
 
 // An aligned table: pass, ms, nodes before -> after, rewrites; then a total line.

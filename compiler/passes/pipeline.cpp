@@ -41,6 +41,7 @@ std::vector<NamedPass> default_compile_passes(LayoutPolicy layout) {
   return {{"fold_constants", fold_constants},
           {"simplify", simplify},
           {"decompose", decompose},
+          {"gemm_epilogues", gemm_epilogues},
           {"layout", [layout](const Graph& g, RewriteLog* log) { return choose_layout(g, layout, log); }},
           {"dead_code", dead_code}};
 }

@@ -197,7 +197,9 @@ void addmm_kernel(Span in, Span out, const Attrs& attrs) {
   into_contiguous(out[0], c, [&](const Tensor& o) {
     visit_product_type(c, "addmm", [&]<class T>() {
       const T beta_v = beta.to<T>();
-      if (beta_v != T(0)) Tensor(o).copy_(in[0]);
+      // The bias, broadcast (beta == 0 never reads it); already there when the program
+      // accumulates into it in place (the compiler's gemm_epilogues).
+      if (beta_v != T(0) && !same_view(o, in[0])) Tensor(o).copy_(in[0]);
       stacked_product<T>(a, b, o, alpha.to<T>(), beta_v);
     });
   });

@@ -147,7 +147,9 @@ void addmm_kernel(Span in, Span out, const Attrs& attrs) {
   const double alpha = attrs.has("alpha") ? attrs.scalar("alpha").to_double() : 1.0;
   data_type(in[1].dtype(), "addmm");
   into_contiguous(out[0], [&](const Tensor& o) {
-    if (beta != 0) Tensor(o).copy_(in[0]);  // the bias, broadcast; beta == 0 never reads it
+    // The bias, broadcast (beta == 0 never reads it); already there when the program
+    // accumulates into it in place (the compiler's gemm_epilogues).
+    if (beta != 0 && !same_view(o, in[0])) Tensor(o).copy_(in[0]);
     gemm("addmm", in[1].unsqueeze(0), in[2].unsqueeze(0), o.unsqueeze(0), alpha, beta);
   });
 }

@@ -49,7 +49,8 @@ std::vector<PassCase> pass_cases() {
 // The pass a test file names with its prefix.
 NamedPass pass_for(const std::string& case_name) {
   for (const NamedPass& pass : {NamedPass{"dead_code", dead_code}, NamedPass{"fold_constants", fold_constants},
-                                NamedPass{"simplify", simplify}, NamedPass{"channels_last", channels_last}})
+                                NamedPass{"simplify", simplify}, NamedPass{"channels_last", channels_last},
+                                NamedPass{"gemm_epilogues", gemm_epilogues}})
     if (case_name.rfind(pass.name + "_", 0) == 0) return pass;
   FAIL("test graph " << case_name << " names no pass");
   return {};
@@ -117,6 +118,8 @@ TEST_CASE("passes: every test graph rewrites to its expected graph and keeps its
     // absolute 1e-4 covers their rounding).
     if (pass.name == "channels_last")
       check_same_values(original, result, 1e-5, 1e-4);
+    else if (pass.name == "gemm_epilogues")  // x joins the GEMM's sums: rounding only
+      check_same_values(original, result, 1e-6, 1e-6);
     else
       check_same_values(original, result, pass.name == "fold_constants" ? 1e-6 : 0.0, 0.0);
   }
@@ -127,6 +130,7 @@ TEST_CASE("passes: every test graph rewrites to its expected graph and keeps its
       CHECK(logged(all_rewrites, rule.name));
     }
   CHECK(logged(all_rewrites, "dead_code"));
+  CHECK(logged(all_rewrites, "accumulate_into_gemm"));
 }
 
 TEST_CASE("passes: an unchanged graph rebuilds to the same text", "[passes]") {

@@ -274,6 +274,75 @@ TEST_CASE("program lets an eager op write its written-back result into the input
   KILN_CHECK_CLOSE(p, mm(x, w), 1e-6, 1e-6);
 }
 
+TEST_CASE("program accumulates a product into the input it is written back to, in the GEMM", "[program]") {
+  TempCache cache;
+  auto accumulate = [](const Args& a) -> Args {
+    Tensor p = a[0];
+    p.add_(mm(a[1], a[2]));  // grad += g: addmm(p, x, w) writing p in place
+    return {};
+  };
+  auto reads_target = [](const Args& a) -> Args {
+    Tensor p = a[0];
+    p.add_(mm(p, a[2]));  // the product reads p itself: addmm into a fresh output, then the copy
+    return {};
+  };
+  for (bool operand_reads_target : {false, true}) {
+    INFO((operand_reads_target ? "an operand reads the target" : "accumulation"));
+    const TracedFunction fn = operand_reads_target ? TracedFunction(reads_target) : TracedFunction(accumulate);
+    const Tensor p0 = randn({4, 4}), x = randn({4, 6}), w = randn({operand_reads_target ? 4 : 6, 4});
+    const Graph g = run_pipeline(trace(fn, {p0.clone(), x, w}).graph, default_compile_passes(), nullptr, false);
+    CHECK(kiln::testing::count_ops(g, "addmm") == 1);
+    CHECK(kiln::testing::count_ops(g, "add") == 0);
+    const Program program(g);
+    const std::string text = program.describe();
+    INFO(text);
+    CHECK((text.find("(in place into %") != std::string::npos) == !operand_reads_target);
+    Tensor p = p0.clone();
+    void* const data = p.data_ptr();
+    program.run({p, x, w});
+    CHECK(p.data_ptr() == data);
+    Tensor expected = p0.clone();
+    fn({expected, x, w});
+    KILN_CHECK_CLOSE(p, expected, 1e-6, 1e-6);  // the GEMM adds p among its sums: rounding
+  }
+}
+
+TEST_CASE("a compiled Linear step accumulates its weight gradient in the GEMM", "[program]") {
+  TempCache cache;
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("kiln-test-accumulate-dump-" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  manual_seed(3);
+  Tensor w = randn({5, 8}).requires_grad_(), b = randn({5}).requires_grad_();
+  auto step = [&](const Args& a) -> Args {
+    const Tensor y = addmm(b, a[0], w.t());
+    Tensor loss = mean(y * y);
+    loss.backward();
+    return {loss.detach()};
+  };
+  CompiledFunction compiled = compile(step, {.dump_dir = dir});
+  const Tensor x1 = randn({3, 8}), x2 = randn({3, 8});
+  compiled({x1});  // .grad undefined: the first micro-step
+  compiled({x2});  // .grad defined: the second accumulates
+  const Tensor gw = w.grad().clone(), gb = b.grad().clone();
+  w.set_grad(Tensor());
+  b.set_grad(Tensor());
+  step({x1});
+  step({x2});
+  KILN_CHECK_CLOSE(gw, w.grad(), 1e-6, 1e-6);
+  KILN_CHECK_CLOSE(gb, b.grad(), 1e-6, 1e-6);
+  bool accumulated_in_gemm = false;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    if (name.size() > 9 && name.substr(name.size() - 9) == "fused.txt") {
+      const std::string text = read_text(e.path());
+      accumulated_in_gemm |= text.find("addmm") != std::string::npos && text.find("in place into") != std::string::npos;
+    }
+  }
+  CHECK(accumulated_in_gemm);
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("program runs an optimizer's pure update in place through its in-place twin", "[program]") {
   TempCache cache;
   Tensor w = randn({5, 4}).requires_grad_(), b = randn({4}).requires_grad_();
