@@ -111,6 +111,19 @@ void Program::plan_releases() {
   }
 }
 
+namespace {
+
+// The input an op adds its result to, read only at the element the op writes (so the op
+// may write into it): addmm's bias when it has the product's shape, the third input of
+// conv2d_backward_weight; -1 for other ops.
+int accumulator_input(const Node& node, const Graph& g) {
+  if (node.op == "addmm" && g.type(node.inputs.at(0)).shape == node.outputs.at(0).shape) return 0;
+  if (node.op == "conv2d_backward_weight" && node.inputs.size() == 3 && node.inputs[2].defined()) return 2;
+  return -1;
+}
+
+}  // namespace
+
 void Program::plan_in_place() {
   const std::vector<Node>& nodes = graph_.nodes();
   const auto num_inputs = static_cast<int32_t>(graph_.inputs().size());
@@ -186,13 +199,15 @@ void Program::plan_in_place() {
         in_place_eager_[s] = i;
         continue;
       }
-      // An addmm accumulating into the input it writes back to (the compiler's
-      // gemm_epilogues: grad + mm(a, b)) reads that input only at the element it writes, as
-      // its full-size bias, so it may run in place when no operand of the product reads it.
-      if (i >= 0 && last_read[static_cast<size_t>(i)] <= step && node.op == "addmm" &&
-          node.inputs.at(0).node == graph_.inputs()[static_cast<size_t>(i)].node &&
-          graph_.type(node.inputs[0]).shape == node.outputs[0].shape && input_behind(node.inputs.at(1).node) != i &&
-          input_behind(node.inputs.at(2).node) != i) {
+      // An op adding its result to the input it writes back to (gemm_epilogues: grad +
+      // mm(a, b), grad + a convolution's weight gradient) reads that input only at the
+      // element it writes, so it may run in place when no other operand reads the input.
+      const int acc = accumulator_input(node, graph_);
+      bool in_place = i >= 0 && acc >= 0 && last_read[static_cast<size_t>(i)] <= step &&
+                      node.inputs[static_cast<size_t>(acc)].node == graph_.inputs()[static_cast<size_t>(i)].node;
+      for (size_t k = 0; k < node.inputs.size() && in_place; ++k)
+        in_place = static_cast<int>(k) == acc || !node.inputs[k].defined() || input_behind(node.inputs[k].node) != i;
+      if (in_place) {
         in_place_eager_[s] = i;
         continue;
       }

@@ -47,9 +47,10 @@ const std::vector<Rule>& decompose_rules();
 
 // Additions a GEMM does itself (compiler/passes/epilogue.cpp): x + mm(a, b) (either side,
 // matmul too, 2-d f32/f64 operands) where x has the sum's own type and nothing else reads
-// the product becomes addmm(x, a, b), so gradient accumulation (`grad += g` of a Linear
-// weight) and full-size residual adds need no second pass and no temporary; a sum written
-// back into x runs in place. Agrees with the add to rounding (the GEMM adds x among its
+// the product becomes addmm(x, a, b), and x + conv2d_backward_weight(g, input) becomes
+// conv2d_backward_weight(g, input, x), so gradient accumulation (`grad += g` of a Linear
+// or convolution weight) and full-size residual adds need no temporary; a sum written back
+// into x runs in place. Agrees with the add to rounding (the kernel adds x among its
 // partial sums). Logs one line per rewrite.
 Graph gemm_epilogues(const Graph& graph, RewriteLog* log = nullptr);
 

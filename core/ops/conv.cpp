@@ -74,11 +74,14 @@ const OpDef& kBackwardInput =
 
 std::vector<TensorMeta> infer_backward_weight(std::span<const TensorMeta> in, const Attrs& attrs) {
   const char* op = "conv2d_backward_weight";
-  KILN_CHECK(in.size() == 2 && in[0].defined && in[1].defined,
-             "{}: expects grad_out and input ({})", op, metas_str(in));
-  check_floating(op, in);
+  KILN_CHECK((in.size() == 2 || in.size() == 3) && in[0].defined && in[1].defined,
+             "{}: expects grad_out, input and an optional gradient to add to ({})", op, metas_str(in));
+  check_floating(op, in);  // dtypes equal, devices common: the added gradient's too
   const Conv2dGeometry g = conv2d_geometry(in[1].shape, attrs.ints("weight_size"), attrs, op);
   check_grad_out(op, in[0], g);
+  KILN_CHECK(in.size() < 3 || !in[2].defined || in[2].shape == g.weight_shape(),
+             "{}: the gradient to add to is {}, the weight's gradient {} ({})", op, shape_str(in[2].shape),
+             shape_str(g.weight_shape()), metas_str(in));
   // Weights (and so their gradients) stay contiguous whatever the activations' layout.
   return {TensorMeta{g.weight_shape(), in[0].dtype, in[0].device}};
 }
@@ -154,9 +157,11 @@ Tensor conv2d_backward_input(const Tensor& grad_out, const Tensor& weight, const
 }
 
 Tensor conv2d_backward_weight(const Tensor& grad_out, const Tensor& input,
-                              const Shape& weight_shape, const Conv2dOptions& options) {
+                              const Shape& weight_shape, const Conv2dOptions& options,
+                              const Tensor& accumulate) {
   Attrs attrs = conv_attrs(options);
   attrs.set("weight_size", weight_shape);
+  if (accumulate.defined()) return call_op1(kBackwardWeight, {grad_out, input, accumulate}, attrs);
   return call_op1(kBackwardWeight, {grad_out, input}, attrs);
 }
 

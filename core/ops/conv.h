@@ -24,9 +24,12 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias = {}
 // The gradient of conv2d with respect to its input (of shape `input_shape`).
 Tensor conv2d_backward_input(const Tensor& grad_out, const Tensor& weight, const Shape& input_shape,
                              const Conv2dOptions& options = {});
-// The gradient of conv2d with respect to its weight (of shape `weight_shape`).
+// The gradient of conv2d with respect to its weight (of shape `weight_shape`); given
+// `accumulate` (of that shape), accumulate plus the gradient, summed by the kernel itself
+// (what the compiler makes of `grad += g`; agrees with the add to rounding).
 Tensor conv2d_backward_weight(const Tensor& grad_out, const Tensor& input,
-                              const Shape& weight_shape, const Conv2dOptions& options = {});
+                              const Shape& weight_shape, const Conv2dOptions& options = {},
+                              const Tensor& accumulate = {});
 
 // Everything a conv2d kernel needs to know about one call, read from the input and weight
 // shapes and the attributes (stride, padding, dilation: 2 ints each; groups), validated.

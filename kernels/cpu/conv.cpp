@@ -588,10 +588,11 @@ void nhwc_backward_input(const T* grad, const T* w, T* gin, const Conv2dGeometry
   });
 }
 
-// gw [Co, K] in `order` = grad [M, Co]^T x col [M, K], summed over the pixels.
+// gw [Co, K] in `order` = grad [M, Co]^T x col [M, K], summed over the pixels (added to
+// what gw holds when `accumulate`).
 template <class T>
 void nhwc_backward_weight(const T* grad, const T* x, T* gw, const Conv2dGeometry& g,
-                          ColumnOrder order) {
+                          ColumnOrder order, bool accumulate) {
   const int64_t co = g.out_channels, k = g.kernel_h * g.kernel_w * g.in_channels;
   const bool pointwise = is_pointwise(g);
   const PixelPlan plan(g, pointwise ? 0 : k, sizeof(T), false);
@@ -605,7 +606,7 @@ void nhwc_backward_weight(const T* grad, const T* x, T* gw, const Conv2dGeometry
       sums[p - 1].resize(static_cast<size_t>(weight_size));
       acc = sums[p - 1].data();
     }
-    std::fill(acc, acc + weight_size, T(0));
+    if (p > 0 || !accumulate) std::fill(acc, acc + weight_size, T(0));
     std::vector<T> col(pointwise ? 0 : static_cast<size_t>(std::min(plan.tile_rows, end - begin) * k));
     plan.for_each_tile(begin, end, [&](int64_t m0, int64_t m1) {
       if (!pointwise) im2col_nhwc(x, g, order, m0, m1, col.data());
@@ -632,15 +633,16 @@ Tensor dense_nhwc(const Tensor& t, DType c) {
 // src [outer, a, b] -> dst [outer, b, a]: a weight's K axis from (channel, tap) to
 // (tap, channel) order (a = Ci, b = kh * kw) or back (a = kh * kw, b = Ci). A loop of our
 // own: the general strided copy takes several times longer for this permutation.
+// With `add`, dst += the swapped src (a weight gradient summed into the one it is added to).
 template <class T>
-void swap_inner_axes(const T* src, T* dst, int64_t outer, int64_t a, int64_t b) {
+void swap_inner_axes(const T* src, T* dst, int64_t outer, int64_t a, int64_t b, bool add = false) {
   const int64_t size = a * b;
   parallel_for(outer, plane_grain(size), [&](int64_t begin, int64_t end) {
     for (int64_t o = begin; o < end; ++o) {
       const T* s = src + o * size;
       T* d = dst + o * size;
       for (int64_t i = 0; i < a; ++i)
-        for (int64_t j = 0; j < b; ++j) d[j * a + i] = s[i * b + j];
+        for (int64_t j = 0; j < b; ++j) d[j * a + i] = add ? d[j * a + i] + s[i * b + j] : s[i * b + j];
     }
   });
 }
@@ -737,10 +739,21 @@ void conv2d_backward_input_kernel(Span in, Span out, const Attrs& attrs) {
   });
 }
 
+// The weight gradient (grad_out in[0], input in[1]) into `out`; plus in[2] when given.
 void conv2d_backward_weight_kernel(Span in, Span out, const Attrs& attrs) {
   const Conv2dGeometry g =
       conv2d_geometry(in[1].shape(), attrs.ints("weight_size"), attrs, "conv2d_backward_weight");
   const DType c = conv_dtype(in[0].dtype());
+  const Tensor added = in.size() == 3 ? in[2] : Tensor();
+  // Where the sum cannot start from the added gradient, it is computed apart and added after
+  // (apart from `out` too when `out` is the added gradient, written in place).
+  auto add_after = [&](const Tensor& o, auto&& compute) {
+    if (!added.defined()) return compute(o);
+    Tensor sum = make_tensor(o.shape(), o.dtype(), o.device(), o.suggest_memory_format());
+    compute(sum);
+    if (!same_view(o, added)) Tensor(o).copy_(added);
+    Tensor(o).add_(sum);
+  };
   if (use_nhwc(in[1], g)) {
     // The sum comes out [Co, kh, kw, Ci] taps-outer (the weight's channels_last layout: a
     // target laid out so takes it directly) and [Co, Ci, kh, kw] channels-outer.
@@ -751,20 +764,29 @@ void conv2d_backward_weight_kernel(Span in, Span out, const Attrs& attrs) {
       visit_conv_type(c, [&]<class T>() {
         const bool reorder =
             order == ColumnOrder::taps_outer && !o.is_contiguous(MemoryFormat::channels_last);
-        std::vector<T> sum(reorder ? static_cast<size_t>(o.numel()) : 0);
-        T* dst = reorder ? sum.data() : o.data_ptr<T>();
-        nhwc_backward_weight<T>(grad.data_ptr<T>(), x.data_ptr<T>(), dst, g, order);
-        if (reorder)
-          swap_inner_axes(sum.data(), o.data_ptr<T>(), g.out_channels, g.kernel_h * g.kernel_w,
-                          g.in_channels);
+        // o starts as the added gradient; then the GEMMs add into it (1x1 convolutions, and
+        // weights laid out as the sum comes out), or the reordered sum is added as it is
+        // written: no pass over the weight besides the ones the op makes anyway.
+        if (added.defined() && !same_view(o, added)) Tensor(o).copy_(added);
+        if (reorder) {
+          std::vector<T> sum(static_cast<size_t>(o.numel()));
+          nhwc_backward_weight<T>(grad.data_ptr<T>(), x.data_ptr<T>(), sum.data(), g, order, false);
+          swap_inner_axes(sum.data(), o.data_ptr<T>(), g.out_channels, g.kernel_h * g.kernel_w, g.in_channels,
+                          added.defined());
+          return;
+        }
+        nhwc_backward_weight<T>(grad.data_ptr<T>(), x.data_ptr<T>(), o.data_ptr<T>(), g, order,
+                                added.defined());
       });
     });
     return;
   }
   const Tensor grad = dense(in[0], c), x = dense(in[1], c);
   into_contiguous(out[0], c, [&](const Tensor& o) {
-    visit_conv_type(c, [&]<class T>() {
-      conv_backward_weight<T>(grad.data_ptr<T>(), x.data_ptr<T>(), o.data_ptr<T>(), g);
+    add_after(o, [&](const Tensor& dst) {
+      visit_conv_type(c, [&]<class T>() {
+        conv_backward_weight<T>(grad.data_ptr<T>(), x.data_ptr<T>(), dst.data_ptr<T>(), g);
+      });
     });
   });
 }

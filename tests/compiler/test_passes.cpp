@@ -130,7 +130,7 @@ TEST_CASE("passes: every test graph rewrites to its expected graph and keeps its
       CHECK(logged(all_rewrites, rule.name));
     }
   CHECK(logged(all_rewrites, "dead_code"));
-  CHECK(logged(all_rewrites, "accumulate_into_gemm"));
+  CHECK(logged(all_rewrites, "accumulate_into_product"));
 }
 
 TEST_CASE("passes: an unchanged graph rebuilds to the same text", "[passes]") {

@@ -52,6 +52,22 @@ std::string read_text(const std::filesystem::path& p) {
   return s.str();
 }
 
+// Runs g's program on `inputs`: it writes the first input in place (its describe() names
+// `op` and says so), keeping that tensor's memory, and leaves it equal to `expected`.
+void check_in_place_run(const Graph& g, const std::string& op, const Args& inputs, const Tensor& expected,
+                        double tol) {
+  const Program program(g);
+  const std::string text = program.describe();
+  INFO(text);
+  CHECK(text.find(op) != std::string::npos);
+  CHECK(text.find("(in place into %") != std::string::npos);
+  const Tensor target = inputs.at(0);
+  void* const data = target.data_ptr();
+  program.run(inputs);
+  CHECK(target.data_ptr() == data);
+  KILN_CHECK_CLOSE(target, expected, tol, tol);
+}
+
 }  // namespace
 
 TEST_CASE("program fuses a pointwise chain into one kernel equal to eager in f32 and f64", "[program]") {
@@ -262,16 +278,7 @@ TEST_CASE("program lets an eager op write its written-back result into the input
     return {};
   };
   const Tensor p0 = randn({4, 5}), x = randn({4, 3}), w = randn({3, 5});
-  const Program program(simplified_trace(fn, {p0.clone(), x, w}));
-  const std::string text = program.describe();
-  INFO(text);
-  CHECK(text.find("mm %") != std::string::npos);
-  CHECK(text.find("(in place into %") != std::string::npos);
-  Tensor p = p0.clone();
-  void* const data = p.data_ptr();
-  program.run({p, x, w});
-  CHECK(p.data_ptr() == data);
-  KILN_CHECK_CLOSE(p, mm(x, w), 1e-6, 1e-6);
+  check_in_place_run(simplified_trace(fn, {p0.clone(), x, w}), "mm %", {p0.clone(), x, w}, mm(x, w), 1e-6);
 }
 
 TEST_CASE("program accumulates a product into the input it is written back to, in the GEMM", "[program]") {
@@ -305,6 +312,22 @@ TEST_CASE("program accumulates a product into the input it is written back to, i
     fn({expected, x, w});
     KILN_CHECK_CLOSE(p, expected, 1e-6, 1e-6);  // the GEMM adds p among its sums: rounding
   }
+}
+
+TEST_CASE("program accumulates a convolution's weight gradient into the gradient in place", "[program]") {
+  TempCache cache;
+  auto accumulate = [](const Args& a) -> Args {
+    Tensor grad = a[0];
+    grad.add_(conv2d_backward_weight(a[1], a[2], grad.shape(), {.padding = {1, 1}}));
+    return {};
+  };
+  const Tensor grad0 = randn({4, 3, 3, 3}), dy = randn({2, 4, 5, 5}), x = randn({2, 3, 5, 5});
+  const Graph g = run_pipeline(trace(accumulate, {grad0.clone(), dy, x}).graph, default_compile_passes(), nullptr, false);
+  CHECK(kiln::testing::count_ops(g, "add") == 0);
+  Tensor expected = grad0.clone();
+  accumulate({expected, dy, x});
+  // The sum starts from the gradient: rounding.
+  check_in_place_run(g, "conv2d_backward_weight", {grad0.clone(), dy, x}, expected, 1e-5);
 }
 
 TEST_CASE("a compiled Linear step accumulates its weight gradient in the GEMM", "[program]") {

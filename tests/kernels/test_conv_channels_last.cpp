@@ -158,3 +158,42 @@ TEST_CASE("conv2d channels_last: f16 and bf16 compute in f32", "[conv]") {
   // Both round one f32 result once: equal up to a rounding step of the type.
   KILN_CHECK_CLOSE(y, conv2d(x, w, {}, o), tol(dtype), tol(dtype) * 8);
 }
+
+TEST_CASE("conv2d_backward_weight: a gradient to add to gives that plus the weight gradient", "[conv]") {
+  const DType dtype = GENERATE(DType::f32, DType::f64);
+  const OpDef& op = find_op("conv2d_backward_weight");
+  for (const NhwcCase& c : nhwc_cases()) {
+    INFO(c.what << " input " << shape_str(c.input) << " weight " << shape_str(c.weight) << " in " << name(dtype));
+    const Tensor x = randn(c.input, {.dtype = dtype}), w = randn(c.weight, {.dtype = dtype});
+    const Tensor g = randn(conv2d(x, w, Tensor(), c.options).shape(), {.dtype = dtype});
+    const Tensor acc = randn(c.weight, {.dtype = dtype});
+    Attrs attrs{{"stride", std::vector<int64_t>{c.options.stride[0], c.options.stride[1]}},
+                {"padding", std::vector<int64_t>{c.options.padding[0], c.options.padding[1]}},
+                {"dilation", std::vector<int64_t>{c.options.dilation[0], c.options.dilation[1]}},
+                {"groups", c.options.groups}};
+    attrs.set("weight_size", c.weight);
+    // NCHW and NHWC activations; weights (the gradient added to and the result) contiguous
+    // and channels_last: every path of the CPU kernel (summing into the target directly,
+    // or computing apart and adding).
+    for (bool activations_nhwc : {false, true}) {
+      for (bool weight_nhwc : {false, true}) {
+        INFO("activations " << (activations_nhwc ? "nhwc" : "nchw") << ", weight " << (weight_nhwc ? "nhwc" : "nchw"));
+        const Tensor xa = activations_nhwc ? nhwc(x) : x, ga = activations_nhwc ? nhwc(g) : g;
+        const Tensor added = weight_nhwc ? nhwc(acc) : acc;
+        const Tensor expected = acc + conv2d_backward_weight(g, x, c.weight, c.options);
+        check_same(conv2d_backward_weight(ga, xa, c.weight, c.options, added), expected, rtol_of(dtype));
+        // In place, as the compiled program runs `grad += g`: the target is the gradient added to.
+        Tensor target = weight_nhwc ? nhwc(added.clone()) : added.clone();
+        void* const data = target.data_ptr();
+        call_op_out(op, {ga, xa, target}, attrs, target);
+        CHECK(target.data_ptr() == data);
+        check_same(target, expected, rtol_of(dtype));
+      }
+    }
+  }
+  const Tensor x = randn({2, 3, 5, 5}), g = randn({2, 4, 5, 5});
+  CHECK_THROWS_WITH(conv2d_backward_weight(g, x, {4, 3, 3, 3}, {.padding = {1, 1}}, zeros({4, 3, 3, 2})),
+                    Catch::Contains("conv2d_backward_weight: the gradient to add to is [4,3,3,2]"));
+  CHECK_THROWS_WITH(conv2d_backward_weight(g, x, {4, 3, 3, 3}, {.padding = {1, 1}}, zeros({4, 3, 3, 3}, {.dtype = DType::f64})),
+                    Catch::Contains("conv2d_backward_weight"));
+}
