@@ -181,18 +181,28 @@ struct Evaluation {
   double loss = 0, accuracy = 0;
 };
 
+// One validation batch (input, target) through the model as it is (eval mode, no grad):
+// the batch's mean loss and its count of correct predictions, as tensors.
+std::vector<Tensor> eval_batch(nn::Module& model, const std::string& arch, MemoryFormat format,
+                               const std::vector<Tensor>& batch) {
+  const Tensor x = arch == "mlp" ? batch[0].flatten(1) : batch[0].contiguous(format);
+  const Tensor logits = model(x);
+  return {cross_entropy(logits, batch[1]), sum(eq(argmax(logits, 1), batch[1]))};
+}
+
+// With `compiled` (--compile: eval_batch compiled, a graph per batch shape), the batches
+// run as its generated code; the host reads their results between batches.
 Evaluation evaluate(nn::Module& model, data::Loader& loader, const std::string& arch, Device device,
-                    MemoryFormat format) {
+                    MemoryFormat format, compiler::CompiledFunction* compiled) {
   NoGradGuard no_grad;
   model.eval();
   double loss_sum = 0;
   int64_t correct = 0, total = 0;
   for (data::Batch& batch : loader.epoch(0)) {
-    const Tensor input = batch.input.to(device), target = batch.target.to(device);
-    Tensor x = arch == "mlp" ? input.flatten(1) : input.contiguous(format);
-    Tensor logits = model(x);
-    loss_sum += cross_entropy(logits, target).item<double>() * batch.size();
-    correct += sum(eq(argmax(logits, 1), target)).item<int64_t>();
+    const std::vector<Tensor> inputs{batch.input.to(device), batch.target.to(device)};
+    const std::vector<Tensor> result = compiled ? (*compiled)(inputs) : eval_batch(model, arch, format, inputs);
+    loss_sum += result[0].item<double>() * batch.size();
+    correct += result[1].item<int64_t>();
     total += batch.size();
   }
   model.train();
@@ -400,7 +410,7 @@ Result run(const Config& c, std::ostream& out) {
   }
   const optim::Accumulation accumulation({.batch = c.batch, .micro_batch = micro});
   result.micro_batch = micro;
-  std::optional<compiler::CompiledFunction> compiled;
+  std::optional<compiler::CompiledFunction> compiled, compiled_eval;
   if (c.compile) {
     // --channels-last runs the whole step NHWC; otherwise the layout pass chooses (NHWC
     // convolutions on the CPU).
@@ -413,6 +423,12 @@ Result run(const Config& c, std::ostream& out) {
     // (ResNet-50, kiln-bench train --compile: 1.02-1.05x eager against 1.08-1.13x for the
     // micro-steps) and holds the gradients through the step (1.07x eager's peak).
     compiled = compiler::compile(micro_step_function(*model, c.label_smoothing), options);
+    // Validation too: the forward in eval mode, no grad (guards of their own).
+    compiled_eval = compiler::compile(
+        [&model, arch = c.arch, format](const std::vector<Tensor>& batch) {
+          return eval_batch(*model, arch, format, batch);
+        },
+        options);
   }
 
   std::ofstream log;
@@ -504,7 +520,8 @@ Result run(const Config& c, std::ostream& out) {
                        .train_accuracy = seen ? static_cast<double>(correct) / seen : 0,
                        .images_per_second = seen_now / std::max(seconds_since(epoch_start), 1e-9)};
     if (val_loader) {
-      const Evaluation e = evaluate(*model, *val_loader, c.arch, device, format);
+      const Evaluation e =
+          evaluate(*model, *val_loader, c.arch, device, format, compiled_eval ? &*compiled_eval : nullptr);
       record.val_loss = e.loss;
       record.val_accuracy = e.accuracy;
     }
@@ -536,7 +553,8 @@ Result run(const Config& c, std::ostream& out) {
     if (!c.quiet) out << "plot: " << plot.string() << '\n';
   }
   if (compiled && !c.quiet)
-    out << fmt::format("compiled: {} graphs ({} recompiles)\n", compiled->cache_size(), compiled->recompiles());
+    out << fmt::format("compiled: {} training graphs ({} recompiles), {} validation graphs\n", compiled->cache_size(),
+                       compiled->recompiles(), compiled_eval->cache_size());
   result.steps = step;
   result.model = state_on_cpu(*model);
   return result;

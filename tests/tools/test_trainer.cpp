@@ -553,6 +553,13 @@ TEST_CASE("trainer: --compile trains like eager", "[trainer]") {
     INFO(name);
     KILN_CHECK_CLOSE(compiled.model.at(name), t, 1e-4, 1e-5);
   }
+  // Validation runs compiled too (the forward in eval mode): the same loss and accuracy.
+  REQUIRE(compiled.epochs.size() == eager.epochs.size());
+  for (size_t e = 0; e < eager.epochs.size(); ++e) {
+    REQUIRE(eager.epochs[e].val_loss > 0);  // the synthetic set has a validation split
+    CHECK(compiled.epochs[e].val_loss == Approx(eager.epochs[e].val_loss).epsilon(1e-4));
+    CHECK(compiled.epochs[e].val_accuracy == Approx(eager.epochs[e].val_accuracy));
+  }
   c.compile_mode = "max-autotune";
   REQUIRE_THROWS_WITH(run(c), Contains("not available yet"));
 }
