@@ -92,7 +92,27 @@ KILN_HD float cos(float x) { return cosf(x); }
 KILN_HD double cos(double x) { return ::cos(x); }
 KILN_HD float tanh(float x) { return tanhf(x); }
 KILN_HD double tanh(double x) { return ::tanh(x); }
-KILN_HD float erf(float x) { return erff(x); }
+// erf in float, without branches so that a loop of it vectorizes (libm's erff is a call
+// per element: GELU's forward took 4 ms of the MLP block's step). |x| < 1: x + x p(2x^2 - 1);
+// 1 <= |x| < 3.92: 1 - q(|x| - 2.46), q fitting erfc; beyond, +-1 (the nearest float).
+// p and q are least-squares fits on Chebyshev nodes. Checked over every float against
+// double erf: at most 1.17 ulp off (glibc's erff: 0.97); NaN stays NaN, erf(+-inf) = +-1.
+KILN_HD float erf(float x) {
+  const float a = fabsf(x), u = x * x * 2.0f - 1.0f, v = a - 2.46f;
+  const float p_coef[] = {-3.453126119e-02f, -1.405360972e-01f, 1.985249464e-02f, -2.285419897e-03f,
+                          2.175202360e-04f,  -1.766878620e-05f, 1.226134239e-06f};
+  const float q_coef[] = {5.033535064e-04f,  -2.656303770e-03f, 6.534519360e-03f,  -9.831278682e-03f,
+                          9.914182752e-03f,  -6.805507535e-03f, 2.937170777e-03f,  -4.460110067e-04f,
+                          -3.558972422e-04f, 2.843414286e-04f,  -7.582805899e-05f, -1.532516760e-05f,
+                          1.733207026e-05f,  -3.028795959e-06f, -1.094436014e-06f, 3.670454920e-07f};
+  float p = p_coef[6], q = q_coef[15];
+  for (int i = 5; i >= 0; --i) p = p * u + p_coef[i];
+  for (int i = 14; i >= 0; --i) q = q * v + q_coef[i];
+  const float small = x + x * p;  // x (1 + p), rounded once at the end
+  const float magnitude = a >= 3.92f ? 1.0f : 1.0f - q;
+  const float large = copysignf(magnitude, x);
+  return a >= 1.0f ? large : small;
+}
 KILN_HD double erf(double x) { return ::erf(x); }
 
 // ---- activations ----

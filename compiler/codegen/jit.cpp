@@ -34,9 +34,14 @@ constexpr const char* kWho = "compile_cpp";
 
 std::string compiler() { return disk_cache::env_or("KILN_CXX", "c++"); }
 
-// Portable flags only: the cache may be shared between machines.
+// Portable flags only: the cache may be shared between machines. -fno-trapping-math changes
+// no result (no reassociation, no contraction); it tells g++ that kiln never traps on
+// floating-point exceptions, so it may compute both sides of a where() and select, which
+// is what lets a kernel with a comparison vectorize: ResNet-50's residual relu-backward
+// kernels (add, gt, where) took 5.6 ms of its compiled step as branchy scalar loops and
+// 0.6 ms vectorized.
 const std::vector<std::string>& flags() {
-  static const std::vector<std::string> f = {"-O3", "-fopenmp", "-fPIC", "-shared", "-std=c++20"};
+  static const std::vector<std::string> f = {"-O3", "-fno-trapping-math", "-fopenmp", "-fPIC", "-shared", "-std=c++20"};
   return f;
 }
 
