@@ -97,6 +97,9 @@ KILN_HD double tanh(double x) { return ::tanh(x); }
 // 1 <= |x| < 3.92: 1 - q(|x| - 2.46), q fitting erfc; beyond, +-1 (the nearest float).
 // p and q are least-squares fits on Chebyshev nodes. Checked over every float against
 // double erf: at most 1.17 ulp off (glibc's erff: 0.97); NaN stays NaN, erf(+-inf) = +-1.
+// That is without FMA contraction, as kiln builds (no -march; NVRTC with --fmad=false),
+// so CPU and GPU agree bit for bit; with FMA the bound is 1.00 ulp. Near 1 it is not
+// monotone by one ulp here and there (in 1 - q).
 KILN_HD float erf(float x) {
   const float a = fabsf(x), u = x * x * 2.0f - 1.0f, v = a - 2.46f;
   const float p_coef[] = {-3.453126119e-02f, -1.405360972e-01f, 1.985249464e-02f, -2.285419897e-03f,

@@ -72,8 +72,8 @@ class SoleProducts {
   std::unordered_map<int64_t, std::array<bool, 2>> sole_;
 };
 
-// x + p or p + x, p a product nothing else reads, x of the sum's type (no broadcast, no
-// promotion), f32 or f64, the add scaling by 1:
+// x + p or p + x, p a product nothing else reads, x and p of the sum's type (no broadcast,
+// no promotion), f32 or f64, the add scaling by 1:
 //   p = mm(a, b) or matmul(a, b), 2-d operands  -> addmm(x, a, b)
 //   p = conv2d_backward_weight(g, input)         -> conv2d_backward_weight(g, input, x)
 Replacement accumulate_into_product(Rewriter& rw, const Candidate& c, const SoleProducts& sole) {
@@ -84,7 +84,11 @@ Replacement accumulate_into_product(Rewriter& rw, const Candidate& c, const Sole
   if (sum.dtype != DType::f32 && sum.dtype != DType::f64) return std::nullopt;
   for (size_t i = 0; i < 2; ++i) {
     const Value product = c.inputs[i], x = c.inputs[1 - i];
-    if (!is_product_op(rw.producer(product)) || !sole.operand_is_sole_product(c, i) || rw.type(x) != sum) continue;
+    // The product and x both of the sum's type: no broadcast, no promotion on either side
+    // (the ops' shape rules would refuse the rewrite otherwise).
+    if (!is_product_op(rw.producer(product)) || !sole.operand_is_sole_product(c, i) || rw.type(x) != sum ||
+        rw.type(product) != sum)
+      continue;
     const Node& p = rw.producer(product);
     const Value a = p.inputs.at(0), b = p.inputs.at(1);
     if (p.op == "conv2d_backward_weight") return Values{rw.add_op1(p.op, {a, b, x}, p.attrs, c.source)};

@@ -330,6 +330,18 @@ TEST_CASE("program accumulates a convolution's weight gradient into the gradient
   check_in_place_run(g, "conv2d_backward_weight", {grad0.clone(), dy, x}, expected, 1e-5);
 }
 
+TEST_CASE("compile leaves x + mm alone when the product broadcasts or the add promotes", "[program]") {
+  TempCache cache;
+  auto fn = [](const Args& a) -> Args { return {a[0] + mm(a[1], a[2]), a[3] + mm(a[4], a[2])}; };
+  const Args args{randn({4, 3}, {.dtype = DType::f64}), randn({4, 5}), randn({5, 3}), randn({4, 3}), randn({1, 5})};
+  CompiledFunction compiled = compile(fn);
+  compiled(args);  // traces and compiles (the pass used to throw here)
+  const Args got = compiled(args), want = fn(args);  // replays the program
+  CHECK(got[0].dtype() == DType::f64);
+  KILN_CHECK_CLOSE(got[0], want[0], 1e-6, 1e-6);
+  KILN_CHECK_CLOSE(got[1], want[1], 1e-6, 1e-6);
+}
+
 TEST_CASE("a compiled Linear step accumulates its weight gradient in the GEMM", "[program]") {
   TempCache cache;
   const std::filesystem::path dir =
