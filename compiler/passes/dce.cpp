@@ -5,7 +5,7 @@
 
 namespace kiln::compiler {
 
-Graph dead_code(const Graph& graph, RewriteLog* log) {
+std::vector<bool> live_nodes(const Graph& graph) {
   const std::vector<Node>& nodes = graph.nodes();
   std::vector<bool> live(nodes.size(), false);
   for (Value v : graph.inputs()) live[static_cast<size_t>(v.node)] = true;
@@ -17,6 +17,12 @@ Graph dead_code(const Graph& graph, RewriteLog* log) {
     for (Value v : nodes[i].inputs)
       if (v.defined()) live[static_cast<size_t>(v.node)] = true;
   }
+  return live;
+}
+
+Graph dead_code(const Graph& graph, RewriteLog* log) {
+  const std::vector<Node>& nodes = graph.nodes();
+  const std::vector<bool> live = live_nodes(graph);
   if (log) {
     int64_t number = 0;
     for (size_t i = 0; i < nodes.size(); ++i) {

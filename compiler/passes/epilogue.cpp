@@ -35,16 +35,10 @@ class SoleProducts {
   explicit SoleProducts(const Graph& g) {
     // Readers among the live nodes only: the passes before leave the nodes they bypassed
     // (a transposed gradient's permutes) for dead_code, and those read nothing at run time.
-    std::vector<bool> live(g.nodes().size(), false);
-    for (Value v : g.outputs()) live[static_cast<size_t>(v.node)] = true;
-    for (const auto& wb : g.write_backs()) live[static_cast<size_t>(wb.second.node)] = true;
-    for (size_t n = g.nodes().size(); n-- > 0;)
-      if (live[n])
-        for (Value v : g.nodes()[n].inputs)
-          if (v.defined()) live[static_cast<size_t>(v.node)] = true;
-    std::vector<std::vector<int32_t>> readers(g.nodes().size());
+    const std::vector<bool> live = live_nodes(g);
+    std::vector<int32_t> readers(g.nodes().size(), 0);  // products have one output
     auto read = [&](Value v) {
-      if (v.defined()) readers[static_cast<size_t>(v.node)].push_back(v.output);
+      if (v.defined()) ++readers[static_cast<size_t>(v.node)];
     };
     for (size_t n = 0; n < g.nodes().size(); ++n)
       if (live[n])
@@ -58,7 +52,7 @@ class SoleProducts {
       for (size_t i = 0; i < 2; ++i) {
         const Value v = node.inputs[i];
         const Node& maker = g.node(v);
-        sole[i] = is_product_op(maker) && readers[static_cast<size_t>(v.node)].size() == 1;
+        sole[i] = is_product_op(maker) && readers[static_cast<size_t>(v.node)] == 1;
       }
       sole_[g.value_number({static_cast<int32_t>(n), 0})] = sole;
     }

@@ -15,6 +15,9 @@
 
 namespace kiln::compiler {
 
+// Per node: whether it is a graph input or its values reach an output or a write-back.
+std::vector<bool> live_nodes(const Graph& graph);
+
 // Drops the nodes whose values reach neither an output nor a write-back. Graph inputs always
 // stay: they are the calling convention. Logs one line per node dropped.
 Graph dead_code(const Graph& graph, RewriteLog* log = nullptr);
