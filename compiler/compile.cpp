@@ -9,10 +9,12 @@
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <optional>
 #include <unordered_map>
 #include <utility>
 
+#include "compiler/cuda_graph.h"
 #include "compiler/passes/passes.h"
 #include "compiler/program.h"
 #include "core/error.h"
@@ -139,6 +141,7 @@ struct Entry {
   std::vector<int64_t> aliases;       // alias_pattern over the graph inputs' tensors
   bool eager() const { return trace.broken(); }
   std::shared_ptr<Program> program;  // the generated backend's program, when used
+  std::shared_ptr<GraphReplay> replay;  // mode reduce-overhead: the program's CUDA graph
 
   // Empty when the captured tensors pass the guards, else what changed.
   std::string captured_change(const std::vector<Tensor>& args) const {
@@ -245,13 +248,32 @@ std::shared_ptr<Program> build_program(const Graph& traced, const CompileOptions
   return program;
 }
 
-// Installs the backend's runner in `t` (the interpreter needs none).
-std::shared_ptr<Program> install_backend(Trace& t, const CompileOptions& options) {
+// The CUDA graph pool of each GPU, shared by the graphs of one compiled function.
+using PoolOf = std::function<std::shared_ptr<cuda::MemPool>(int device)>;
+
+// Installs the backend's runner in `t` (the interpreter needs none): the program, or with
+// mode reduce-overhead the program replayed as a CUDA graph (`replay` gets it).
+std::shared_ptr<Program> install_backend(Trace& t, const CompileOptions& options, const PoolOf& pool_of,
+                                         std::shared_ptr<GraphReplay>* replay) {
   std::vector<bool> copy;
   std::shared_ptr<Program> program = build_program(t.graph, options, &copy);
   if (!program) return nullptr;
-  t.runner = [program, copy](const std::vector<Tensor>& inputs) {
-    std::vector<Tensor> outputs = program->run(inputs);
+  std::function<std::vector<Tensor>(const std::vector<Tensor>&)> run = [program](const std::vector<Tensor>& inputs) {
+    return program->run(inputs);
+  };
+  if (options.mode == "reduce-overhead") {
+    std::shared_ptr<GraphReplay> r;
+    if (options.graph_recorder) {
+      r = std::make_shared<GraphReplay>(program, staged_inputs(t), options.graph_recorder);
+    } else {
+      const bool capturable = program->cuda_graph_blocker().empty();
+      r = std::make_shared<GraphReplay>(program, staged_inputs(t), capturable ? pool_of(program->gpu()) : nullptr);
+    }
+    *replay = r;
+    run = [r](const std::vector<Tensor>& inputs) { return r->run(inputs); };
+  }
+  t.runner = [run, copy](const std::vector<Tensor>& inputs) {
+    std::vector<Tensor> outputs = run(inputs);
     for (size_t i = 0; i < outputs.size(); ++i)
       if (copy[i] && outputs[i].defined()) outputs[i] = outputs[i].clone();
     return outputs;
@@ -280,8 +302,10 @@ std::string value_text(const Graph& graph, Value v) {
 }
 
 void check_mode(const CompileOptions& options) {
-  KILN_CHECK(options.mode == "default",
-             "kiln::compile: mode \"{}\" is not available yet (only \"default\")", options.mode);
+  KILN_CHECK(options.mode != "max-autotune",
+             "kiln::compile: mode \"max-autotune\" is not available yet (\"default\" or \"reduce-overhead\")");
+  KILN_CHECK(options.mode == "default" || options.mode == "reduce-overhead",
+             "kiln::compile: unknown mode \"{}\" (\"default\" or \"reduce-overhead\")", options.mode);
   KILN_CHECK(options.backend == "generated" || options.backend == "interpreter",
              "kiln::compile: unknown backend \"{}\" (\"generated\" or \"interpreter\")", options.backend);
 }
@@ -306,6 +330,13 @@ struct CompiledFunction::State {
   std::string cache_full_warning;
   // Split runs (entries with a graph break): the pieces' programs by structural hash.
   std::unordered_map<uint64_t, std::shared_ptr<Program>> pieces;
+  // reduce-overhead: one CUDA graph pool per GPU for the entries' graphs.
+  std::map<int, std::shared_ptr<cuda::MemPool>> pools;
+  std::shared_ptr<cuda::MemPool> pool_of(int device) {
+    std::shared_ptr<cuda::MemPool>& p = pools[device];
+    if (!p) p = std::make_shared<cuda::MemPool>(device);
+    return p;
+  }
   int64_t split_calls = 0;
   std::vector<SplitPiece> last_split;
   std::string pieces_full_warning;
@@ -400,7 +431,7 @@ std::vector<Tensor> CompiledFunction::operator()(const std::vector<Tensor>& args
       entry.captured.push_back(std::move(g));
     }
     entry.aliases = alias_pattern(inputs);
-    entry.program = install_backend(t, s.options);
+    entry.program = install_backend(t, s.options, [&s](int device) { return s.pool_of(device); }, &entry.replay);
   }
   std::vector<Tensor> results = t.results;
   const bool first = s.entries.empty();
@@ -445,6 +476,22 @@ std::vector<const Trace*> CompiledFunction::traces() const {
   if (state_)
     for (const Entry& e : state_->entries) out.push_back(&e.trace);
   return out;
+}
+
+CudaGraphStats CompiledFunction::cuda_graphs() const {
+  CudaGraphStats stats;
+  if (!state_) return stats;
+  for (const Entry& e : state_->entries) {
+    if (!e.replay) continue;
+    stats.captures += e.replay->captures();
+    stats.replays += e.replay->replays();
+    stats.uncaptured_runs += e.replay->uncaptured_runs();
+    const std::string& why = e.replay->skip_reason();
+    if (!why.empty() && std::find(stats.skipped.begin(), stats.skipped.end(), why) == stats.skipped.end())
+      stats.skipped.push_back(why);
+  }
+  for (const auto& [device, pool] : state_->pools) stats.pool_bytes += pool->reserved_bytes();
+  return stats;
 }
 
 std::string CompiledFunction::profile() const {

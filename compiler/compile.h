@@ -54,6 +54,7 @@
 // Not thread-safe: call one CompiledFunction from one thread at a time.
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -63,10 +64,17 @@
 
 namespace kiln::compiler {
 
+class GraphRecorder;  // compiler/cuda_graph.h
+
 struct CompileOptions {
   // Throw the tracer's refusal instead of falling back to eager code.
   bool fullgraph = false;
-  // Only "default" for now; any other mode is a kiln::Error ("not available yet").
+  // "default", or "reduce-overhead": each cached graph's program is captured as a CUDA
+  // graph and replayed, one launch per call instead of one per kernel and library op
+  // (compiler/cuda_graph.h: the arguments and accumulated gradients are copied in, results
+  // copied out; a program on the CPU, or one a graph cannot hold, runs as in the default
+  // mode and cuda_graphs() says why). "max-autotune" is a kiln::Error ("not available
+  // yet"), any other name too.
   std::string mode = "default";
   // What runs a replay: "generated" (the compiled program) or "interpreter" (the traced
   // graph through compiler::interpret: the reference, for tests and debugging). Any other
@@ -90,6 +98,19 @@ struct CompileOptions {
   // Time every step of the generated programs (see CompiledFunction::profile); also on when
   // the environment sets KILN_PROFILE=1.
   bool profile = false;
+  // For tests of mode reduce-overhead on machines without a GPU: what captures and replays
+  // the programs instead of CUDA graphs (compiler/cuda_graph.h), on any device. Unset: CUDA.
+  std::function<std::unique_ptr<GraphRecorder>()> graph_recorder;
+};
+
+// What mode reduce-overhead did: graphs captured (recaptures included), replays, runs of a
+// program without a graph (the warm-up run of each, and the programs that cannot be
+// captured), why programs were not captured (distinct reasons), and the bytes of the
+// graphs' memory pools.
+struct CudaGraphStats {
+  int64_t captures = 0, replays = 0, uncaptured_runs = 0;
+  std::vector<std::string> skipped;
+  int64_t pool_bytes = 0;
 };
 
 class CompiledFunction {
@@ -117,6 +138,8 @@ class CompiledFunction {
   // With CompileOptions::profile: per cached graph, where a replay's time goes (per kernel
   // and library op; Program::profile).
   std::string profile() const;
+  // Mode reduce-overhead's CUDA graphs (all zero in the default mode).
+  CudaGraphStats cuda_graphs() const;
 
  private:
   friend CompiledFunction compile(TracedFunction fn, CompileOptions options);
@@ -138,6 +161,7 @@ std::string explain(TracedFunction fn, const std::vector<Tensor>& args, CompileO
 namespace kiln {
 using compiler::CompiledFunction;
 using compiler::CompileOptions;
+using compiler::CudaGraphStats;
 using compiler::compile;
 using compiler::explain;
 using compiler::TracedFunction;

@@ -113,13 +113,16 @@ void Program::plan_releases() {
 
 namespace {
 
-// The input an op adds its result to, read only at the element the op writes (so the op
-// may write into it): addmm's bias when it has the product's shape, the third input of
-// conv2d_backward_weight; -1 for other ops.
+// The input the node's op adds its result to (OpDef::accumulator_input), or -1.
 int accumulator_input(const Node& node, const Graph& g) {
-  if (node.op == "addmm" && g.type(node.inputs.at(0)).shape == node.outputs.at(0).shape) return 0;
-  if (node.op == "conv2d_backward_weight" && node.inputs.size() == 3 && node.inputs[2].defined()) return 2;
-  return -1;
+  if (!node.def || !node.def->accumulator) return -1;
+  std::vector<TensorMeta> metas;
+  for (Value v : node.inputs) {
+    TensorMeta m = v.defined() ? g.type(v).meta() : TensorMeta{};
+    m.defined = v.defined();
+    metas.push_back(std::move(m));
+  }
+  return node.def->accumulator_input(metas);
 }
 
 }  // namespace
@@ -475,6 +478,34 @@ std::vector<Tensor> Program::run(const std::vector<Tensor>& inputs) const {
   }
 
   return finish_run(g, inputs, value);
+}
+
+std::string Program::cuda_graph_blocker() const {
+  const Graph& g = graph_;
+  if (gpu_ < 0) return "the graph runs on the CPU";
+  for (Value v : g.inputs()) {
+    const Node& input = g.node(v);
+    if (input.role == InputRole::random)
+      return "its random ops draw their Philox counters on the host at every run";
+    const Device device = g.type(v).device;
+    if (device != Device::cuda(gpu_))
+      return fmt::format("input \"{}\" is on {}, not cuda:{}", input.name, device, gpu_);
+  }
+  for (size_t s = 0; s < steps_.size(); ++s) {
+    const FusionGroup& step = steps_[s];
+    if (step.is_kernel()) {
+      const Device device = kernels_[static_cast<size_t>(kernel_of_[s])].device;
+      if (device != Device::cuda(gpu_)) return fmt::format("kernel {} runs on {}", step.kernel.name, device);
+      continue;
+    }
+    const Node& node = g.nodes()[static_cast<size_t>(step.nodes.at(0))];
+    for (Value v : node.inputs)
+      if (v.defined() && g.type(v).device != Device::cuda(gpu_))
+        return fmt::format("{} reads a tensor on {} (%{})", node.op, g.type(v).device, g.value_number(v));
+    for (const TensorType& t : node.outputs)
+      if (t.defined && t.device != Device::cuda(gpu_)) return fmt::format("{} makes a tensor on {}", node.op, t.device);
+  }
+  return {};
 }
 
 void Program::set_profiling(bool on) {

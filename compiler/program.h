@@ -57,10 +57,19 @@ class Program {
   // One line per step: kernels with their kind, space and nodes, eager ops, views.
   std::string describe() const;
 
+  // Why the program cannot run as a captured CUDA graph (compile's reduce-overhead mode,
+  // compiler/cuda_graph.h), or "" when it can: its inputs and every step live on one GPU,
+  // and no step reads the host (random ops take their counters from the host at each run;
+  // an eager op given a CPU tensor copies it over). What the capture itself refuses (an op
+  // that reads a value back, or waits for the GPU) is found only by capturing.
+  std::string cuda_graph_blocker() const;
+  int gpu() const { return gpu_; }  // the GPU of the graph's tensors, -1 for none
+
   // Profiling: when on, run() times every step (with a clock read per step, so leave it
   // off when not looking). profile() is a table of where a run's time goes, per kernel and
   // per library op, averaged over the runs since profiling was turned on.
   void set_profiling(bool on);
+  bool profiling() const { return profiling_; }
   std::string profile() const;
 
  private:

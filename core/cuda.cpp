@@ -40,6 +40,12 @@ bool allow_tf32() { return false; }
 std::vector<std::string> host_fallback_ops() { return {}; }
 void set_cudnn_benchmark(bool) {}
 bool cudnn_benchmark() { return false; }
+MemPool::MemPool(int) { unavailable("cuda::MemPool"); }
+MemPool::~MemPool() = default;
+int64_t MemPool::reserved_bytes() const { return 0; }
+CudaGraph::~CudaGraph() = default;
+void CudaGraph::capture(MemPool&, const std::function<void()>&) { unavailable("cuda::CudaGraph::capture"); }
+void CudaGraph::replay() const { unavailable("cuda::CudaGraph::replay"); }
 
 }  // namespace kiln::cuda
 

@@ -6,6 +6,7 @@
 // the build has no CUDA toolkit); CUDA types cross this header as opaque pointers, so
 // users need no CUDA headers.
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -101,6 +102,7 @@ struct AllocatorStats {
   int64_t cache_hits = 0;    // of which came from the cache
   int64_t cuda_mallocs = 0;  // cudaMalloc calls
   int64_t cuda_frees = 0;    // cudaFree calls (empty_cache, or an allocation retried)
+  int64_t graph_pools = 0;   // bytes owned by MemPools (part of reserved)
 };
 AllocatorStats allocator_stats(int device = 0);
 void reset_peak_allocator_stats(int device = 0);
@@ -108,5 +110,52 @@ void reset_peak_allocator_stats(int device = 0);
 std::string memory_summary(int device = 0);
 // Returns the cached free blocks of every device to CUDA.
 void empty_cache();
+
+// A private memory pool for captured CUDA graphs (compile's reduce-overhead mode). While a
+// CudaGraph captures into it, every allocation on the capturing stream comes from the pool
+// and a block freed during the capture goes back to it, not to the shared cache: a
+// replayed graph writes every block it used at capture, so no block may leave the pool
+// while a graph captured into it can still run. Several graphs may share a pool when
+// their replays never overlap (one stream, one after another) and none keeps a value
+// across replays in a block it freed. Destroying the pool returns its free blocks to the
+// device's cache; blocks still live go there when they are freed.
+class MemPool {
+ public:
+  explicit MemPool(int device = 0);
+  ~MemPool();
+  MemPool(const MemPool&) = delete;
+  MemPool& operator=(const MemPool&) = delete;
+  int device() const { return device_; }
+  int64_t id() const { return id_; }
+  // Bytes of the blocks the pool owns (live and free).
+  int64_t reserved_bytes() const;
+
+ private:
+  int64_t id_ = 0;
+  int device_ = 0;
+};
+
+// A CUDA graph: the work that `record` queues on its device's current stream, captured
+// (not run) and replayed with the same kernels, arguments and buffers. Capture fails with a
+// kiln::Error when `record` does what a capture cannot hold: wait for the GPU, read a value
+// back to the host, copy from pageable host memory; nothing `record` queued has run then.
+class CudaGraph {
+ public:
+  CudaGraph() = default;
+  ~CudaGraph();
+  CudaGraph(const CudaGraph&) = delete;
+  CudaGraph& operator=(const CudaGraph&) = delete;
+  // Allocations on the stream during the capture come from `pool` (of the same device).
+  void capture(MemPool& pool, const std::function<void()>& record);
+  // Queues the captured work on the device's current stream.
+  void replay() const;
+  bool captured() const { return exec_ != nullptr; }
+  int64_t num_nodes() const { return nodes_; }  // kernels, copies and memsets captured
+
+ private:
+  void* exec_ = nullptr;  // cudaGraphExec_t
+  int device_ = 0;
+  int64_t nodes_ = 0;
+};
 
 }  // namespace kiln::cuda

@@ -391,8 +391,19 @@ static void check_inplace_overlap(const OpDef& op, const std::vector<Tensor>& in
                op.name, out.meta_str(), shape_str(out.strides()));
   if (out.numel() == 0 || !dense_without_overlap(out)) return;
   const auto [lo, hi] = element_range(out);
-  for (const Tensor& in : inputs) {
-    if (!in.defined() || in.storage() != out.storage() || in.numel() == 0 || same_view(in, out)) continue;
+  const int accumulator = op.elementwise ? -1 : op.accumulator_input(metas_of(inputs));
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Tensor& in = inputs[i];
+    if (!in.defined() || in.storage() != out.storage() || in.numel() == 0) continue;
+    if (same_view(in, out)) {
+      // The target itself: read only at the element written by an elementwise op or as the
+      // accumulator; any other op (a GEMM's operand) would read elements it already wrote.
+      KILN_CHECK(op.elementwise || static_cast<int>(i) == accumulator,
+                 "{}: input {} ({}) is the in-place target itself, which {} reads beyond the element it "
+                 "writes; clone() the input first",
+                 op.name, i, in.meta_str(), op.name);
+      continue;
+    }
     if (!dense_without_overlap(in)) continue;
     const auto [ilo, ihi] = element_range(in);
     KILN_CHECK(ihi < lo || ilo > hi,

@@ -111,6 +111,17 @@ struct OpDef {
   std::vector<int> (*mutated_inputs_of)(const Attrs& attrs) = nullptr;
   // Reads the random generator (its seed and offset are attributes of the call).
   bool random = false;
+  // Reads each input only at the output element it lines up with (after broadcasting), so
+  // an in-place call may write over an input that is the same view as its target
+  // (x.add_(x)). Other ops read inputs elsewhere too: call_op_out refuses an input that is
+  // the same view as the target, except the accumulator below.
+  bool elementwise = false;
+  // For ops that add their result to an input: which input that is, in a call with inputs
+  // `in` (-1: none in this call). It is read only at the element the op writes, so the op
+  // may write its result over it (call_op_out, the compiler's in-place plan): addmm's bias
+  // when it has the product's shape, conv2d_backward_weight's gradient to add to.
+  int (*accumulator)(std::span<const TensorMeta> in) = nullptr;
+  int accumulator_input(std::span<const TensorMeta> in) const { return accumulator ? accumulator(in) : -1; }
   std::array<KernelFn, kNumDeviceTypes> kernels{};
   const BackwardFormula* backward = nullptr;  // set by autograd/
   bool backward_reads_inputs = false;         // the formula needs the inputs' values

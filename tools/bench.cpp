@@ -230,6 +230,17 @@ std::string blas_field() {
   return fmt::format(R"(,"gemm":"openblas","blas_kernels":"{}")", cpu::gemm_blas_kernels());
 }
 
+// `s` as a JSON string literal.
+std::string json_string(const std::string& s) {
+  std::string out = "\"";
+  for (const char ch : s) {
+    if (ch == '"' || ch == '\\') out += '\\';
+    if (static_cast<unsigned char>(ch) < 0x20) out += fmt::format("\\u{:04x}", static_cast<int>(ch));
+    else out += ch;
+  }
+  return out + "\"";
+}
+
 // One JSON line: the median time of an optimizer step (forward, backward, SGD update) of
 // `arch` on a synthetic batch, images per second, and the peak bytes of live tensors
 // during the timed steps (parameters, gradients and optimizer state included).
@@ -280,7 +291,7 @@ int bench_train(const TrainBenchOptions& o) {
   };
   std::vector<Mode> modes;
   modes.push_back({"eager", [&] { train::train_step(*model, sgd, accumulation, x, y, 0.0); }, o.warmup});
-  std::optional<compiler::CompiledFunction> compiled, whole, split;
+  std::optional<compiler::CompiledFunction> compiled, whole, split, graphed;
   if (o.compile) {
     // The forward and backward of each micro-step compiled; the SGD update eager (as
     // kiln-train --compile runs it). Two warm-up calls at least: the first traces with
@@ -304,6 +315,14 @@ int bench_train(const TrainBenchOptions& o) {
         },
         {.layout = o.layout, .profile = o.profile});
     modes.push_back({"compiled-split", [&] { (*split)({x, y}); }, std::max<int64_t>(o.warmup, 2)});
+    if (device.is_cuda()) {
+      // The micro-steps as CUDA graphs (mode reduce-overhead): each graph's first replay
+      // warms up, its second captures; so three warm-up calls per micro-step graph.
+      graphed = compiler::compile(train::micro_step_function(*model, 0.0),
+                                  {.mode = "reduce-overhead", .layout = o.layout});
+      modes.push_back({"compiled-reduce-overhead", [&] { train::train_step_compiled(*graphed, sgd, accumulation, x, y); },
+                       std::max<int64_t>(o.warmup, 3)});
+    }
   }
   auto run = [&](Mode& m) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -338,12 +357,18 @@ int bench_train(const TrainBenchOptions& o) {
   }
   line("eager", timing[0], extra);
   if (o.compile) {
-    const CompiledFunction* functions[] = {nullptr, &*compiled, &*whole, &*split};
+    const CompiledFunction* functions[] = {nullptr, &*compiled, &*whole, &*split, graphed ? &*graphed : nullptr};
     for (size_t i = 1; i < modes.size(); ++i) {
       const CompiledFunction& f = *functions[i];
-      const std::string pieces =
+      std::string pieces =
           f.split_calls() > 0 ? fmt::format(R"(,"pieces":{},"piece_programs":{})", f.last_split().size(), f.piece_programs())
                               : "";
+      if (&f == (graphed ? &*graphed : nullptr)) {
+        const compiler::CudaGraphStats g = f.cuda_graphs();
+        pieces += fmt::format(R"(,"cuda_graphs_captured":{},"replays":{},"uncaptured_runs":{},"pool_mib":{:.1f},"not_captured":[{}])",
+                              g.captures, g.replays, g.uncaptured_runs, static_cast<double>(g.pool_bytes) / 1048576.0,
+                              fmt::join(g.skipped | std::views::transform([](const std::string& r) { return json_string(r); }), ","));
+      }
       line(modes[i].name.c_str(), timing[i],
            fmt::format(R"(,"graphs":{}{},"speedup_vs_eager":{:.3f},"peak_ratio_vs_eager":{:.3f})", f.cache_size(),
                        pieces, timing[0].median_ms / timing[i].median_ms, timing[i].peak_mib / timing[0].peak_mib));

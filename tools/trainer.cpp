@@ -154,10 +154,10 @@ std::shared_ptr<optim::LRSchedule> make_schedule(const Config& c, int64_t total_
 }
 
 void check_available(const Config& c) {
-  KILN_CHECK(!c.compile || c.compile_mode == "default",
-             "kiln-train: --compile {} is not available yet (only --compile default; reduce-overhead and "
-             "max-autotune come with the CUDA backend)",
-             c.compile_mode);
+  KILN_CHECK(!c.compile || c.compile_mode != "max-autotune",
+             "kiln-train: --compile max-autotune is not available yet (--compile default or reduce-overhead)");
+  KILN_CHECK(!c.compile || c.compile_mode == "default" || c.compile_mode == "reduce-overhead",
+             "kiln-train: --compile {}: expected default, reduce-overhead or max-autotune", c.compile_mode);
   KILN_CHECK(!c.amp, "kiln-train: --amp is not available yet: mixed precision has not landed; train in f32");
   KILN_CHECK(!c.channels_last || c.arch != "mlp",
              "kiln-train: --channels-last needs a convolutional --arch (the mlp flattens its input)");
@@ -552,9 +552,16 @@ Result run(const Config& c, std::ostream& out) {
     write_plot(plot, result.step_losses, result.epochs, fmt::format("kiln-train {} on {}", c.arch, c.data));
     if (!c.quiet) out << "plot: " << plot.string() << '\n';
   }
-  if (compiled && !c.quiet)
+  if (compiled && !c.quiet) {
     out << fmt::format("compiled: {} training graphs ({} recompiles), {} validation graphs\n", compiled->cache_size(),
                        compiled->recompiles(), compiled_eval->cache_size());
+    if (c.compile_mode == "reduce-overhead") {
+      const compiler::CudaGraphStats g = compiled->cuda_graphs(), e = compiled_eval->cuda_graphs();
+      out << fmt::format("CUDA graphs: {} captured, {} replays (validation: {} captured, {} replays){}\n",
+                         g.captures, g.replays, e.captures, e.replays,
+                         g.skipped.empty() ? "" : fmt::format("; not captured: {}", fmt::join(g.skipped, "; ")));
+    }
+  }
   result.steps = step;
   result.model = state_on_cpu(*model);
   return result;

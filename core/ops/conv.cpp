@@ -85,8 +85,9 @@ std::vector<TensorMeta> infer_backward_weight(std::span<const TensorMeta> in, co
   // Weights (and so their gradients) stay contiguous whatever the activations' layout.
   return {TensorMeta{g.weight_shape(), in[0].dtype, in[0].device}};
 }
-const OpDef& kBackwardWeight =
-    define_op({.name = "conv2d_backward_weight", .infer = infer_backward_weight});
+int backward_weight_accumulator(std::span<const TensorMeta> in) { return in.size() == 3 && in[2].defined ? 2 : -1; }
+const OpDef& kBackwardWeight = define_op(
+    {.name = "conv2d_backward_weight", .infer = infer_backward_weight, .accumulator = backward_weight_accumulator});
 
 }  // namespace
 

@@ -38,7 +38,7 @@ std::vector<TensorMeta> infer(const char* op, std::span<const TensorMeta> in) {
   std::vector<TensorMeta> infer_##var(std::span<const TensorMeta> in, const Attrs&) {         \
     return infer<rule, arity>(op_name, in);                                                   \
   }                                                                                           \
-  const OpDef& var = define_op({.name = op_name, .infer = infer_##var});
+  const OpDef& var = define_op({.name = op_name, .infer = infer_##var, .elementwise = true});
 
 // unary
 KILN_ELEMENTWISE_OP(kNeg, "neg", Rule::no_bool, 1)
@@ -89,7 +89,7 @@ std::vector<TensorMeta> infer_clamp(std::span<const TensorMeta> in, const Attrs&
   KILN_CHECK(t != DType::boolean, "clamp: bool tensors are not supported ({})", metas_str(in));
   return {TensorMeta{in[0].shape, t, in[0].device}};
 }
-const OpDef& kClamp = define_op({.name = "clamp", .infer = infer_clamp});
+const OpDef& kClamp = define_op({.name = "clamp", .infer = infer_clamp, .elementwise = true});
 
 // where(cond, a, b): cond must be bool; a and b promote.
 std::vector<TensorMeta> infer_where(std::span<const TensorMeta> in, const Attrs&) {
@@ -99,7 +99,7 @@ std::vector<TensorMeta> infer_where(std::span<const TensorMeta> in, const Attrs&
   TensorMeta m = out_meta(in, "where", result_type(in.subspan(1)));
   return {m};
 }
-const OpDef& kWhere = define_op({.name = "where", .infer = infer_where});
+const OpDef& kWhere = define_op({.name = "where", .infer = infer_where, .elementwise = true});
 
 // cast: a copy converted to the `dtype` attribute, laid out as the input; clone: a
 // contiguous copy, or one laid out channels_last with {channels_last=true}.
@@ -109,7 +109,7 @@ std::vector<TensorMeta> infer_cast(std::span<const TensorMeta> in, const Attrs& 
   out.memory_format = in[0].memory_format;
   return {out};
 }
-const OpDef& kCast = define_op({.name = "cast", .infer = infer_cast});
+const OpDef& kCast = define_op({.name = "cast", .infer = infer_cast, .elementwise = true});
 std::vector<TensorMeta> infer_clone(std::span<const TensorMeta> in, const Attrs& a) {
   check_inputs(in, 1, "clone");
   TensorMeta out{in[0].shape, in[0].dtype, in[0].device};
@@ -120,19 +120,19 @@ std::vector<TensorMeta> infer_clone(std::span<const TensorMeta> in, const Attrs&
   }
   return {out};
 }
-const OpDef& kClone = define_op({.name = "clone", .infer = infer_clone});
+const OpDef& kClone = define_op({.name = "clone", .infer = infer_clone, .elementwise = true});
 // fill: a tensor shaped like the input, every element `value` (used in place by fill_).
 std::vector<TensorMeta> infer_fill(std::span<const TensorMeta> in, const Attrs&) {
   check_inputs(in, 1, "fill");
   return {TensorMeta{in[0].shape, in[0].dtype, in[0].device}};
 }
-const OpDef& kFill = define_op({.name = "fill", .infer = infer_fill});
+const OpDef& kFill = define_op({.name = "fill", .infer = infer_fill, .elementwise = true});
 // to_device: a copy on another device.
 std::vector<TensorMeta> infer_to_device(std::span<const TensorMeta> in, const Attrs& a) {
   check_inputs(in, 1, "to_device");
   return {TensorMeta{in[0].shape, in[0].dtype, a.device("device")}};
 }
-const OpDef& kToDevice = define_op({.name = "to_device", .infer = infer_to_device});
+const OpDef& kToDevice = define_op({.name = "to_device", .infer = infer_to_device, .elementwise = true});
 
 // add and sub: a floating alpha cannot scale an integer result (PyTorch's rule).
 template <Rule rule>
@@ -151,8 +151,8 @@ std::vector<TensorMeta> infer_add(std::span<const TensorMeta> in, const Attrs& a
 std::vector<TensorMeta> infer_sub(std::span<const TensorMeta> in, const Attrs& a) {
   return infer_add_sub<Rule::no_bool>("sub", in, a);
 }
-const OpDef& kAdd = define_op({.name = "add", .infer = infer_add});
-const OpDef& kSub = define_op({.name = "sub", .infer = infer_sub});
+const OpDef& kAdd = define_op({.name = "add", .infer = infer_add, .elementwise = true});
+const OpDef& kSub = define_op({.name = "sub", .infer = infer_sub, .elementwise = true});
 
 Tensor unary(const OpDef& op, const Tensor& x, const Attrs& attrs = {}) {
   return call_op1(op, {x}, attrs);

@@ -94,7 +94,14 @@ std::vector<TensorMeta> infer_addmm(std::span<const TensorMeta> in, const Attrs&
              shape_str(bias.shape), shape_str(out), metas_str(in));
   return {TensorMeta{out, a.dtype, a.device}};
 }
-const OpDef& kAddmm = define_op({.name = "addmm", .infer = infer_addmm});
+// A bias of the product's shape is read only at the element written.
+int addmm_accumulator(std::span<const TensorMeta> in) {
+  return in.size() == 3 && in[1].shape.size() == 2 && in[2].shape.size() == 2 &&
+                 in[0].shape == Shape{in[1].shape[0], in[2].shape[1]}
+             ? 0
+             : -1;
+}
+const OpDef& kAddmm = define_op({.name = "addmm", .infer = infer_addmm, .accumulator = addmm_accumulator});
 
 }  // namespace
 

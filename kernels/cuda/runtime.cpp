@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <unordered_map>
@@ -186,11 +187,23 @@ size_t size_class(size_t nbytes) {
 struct Block {
   size_t size = 0;  // its size class
   cudaStream_t stream = nullptr;
+  int64_t pool = 0;  // the MemPool that owns it (0: the shared cache)
+};
+
+// A MemPool's blocks: the free ones by size class, and the bytes it owns.
+struct PoolBlocks {
+  std::map<size_t, std::vector<void*>> free_blocks;
+  int64_t bytes = 0;
+  cudaStream_t stream = nullptr;  // the stream its graphs were captured on (set by the first)
 };
 
 struct DeviceCache {
   std::unordered_map<void*, Block> live;
   std::map<std::pair<cudaStream_t, size_t>, std::vector<void*>> free_blocks;
+  std::unordered_map<int64_t, PoolBlocks> pools;
+  // While a CudaGraph captures: the stream it captures and the pool its allocations use.
+  cudaStream_t capture_stream = nullptr;
+  int64_t capture_pool = 0;
   AllocatorStats stats;
 };
 
@@ -219,6 +232,14 @@ void release_cached(int device) {
   c.free_blocks.clear();
 }
 
+// Pops a block from `blocks` (nullptr when empty).
+void* pop(std::vector<void*>* blocks) {
+  if (!blocks || blocks->empty()) return nullptr;
+  void* p = blocks->back();
+  blocks->pop_back();
+  return p;
+}
+
 void* cuda_allocate(size_t nbytes, int device) {
   require_device(device, "allocate");
   const size_t size = size_class(nbytes);
@@ -226,22 +247,40 @@ void* cuda_allocate(size_t nbytes, int device) {
   std::lock_guard lock(g_alloc_mutex);
   DeviceCache& c = caches()[static_cast<size_t>(device)];
   ++c.stats.allocations;
-  auto it = c.free_blocks.find({stream, size});
-  if (it != c.free_blocks.end() && !it->second.empty()) {
-    void* p = it->second.back();
-    it->second.pop_back();
-    c.live[p] = {size, stream};
+  // During a capture the capturing stream allocates from the graph's pool: its own free
+  // blocks first, then blocks of the shared cache (which the pool then owns).
+  const bool capturing = c.capture_pool != 0 && stream == c.capture_stream;
+  PoolBlocks* pool = capturing ? &c.pools.at(c.capture_pool) : nullptr;
+  auto take = [&](void* p, bool from_pool) {
+    c.live[p] = {size, stream, capturing ? c.capture_pool : 0};
+    if (pool && !from_pool) pool->bytes += static_cast<int64_t>(size);
     ++c.stats.cache_hits;
     note_allocated(c.stats, static_cast<int64_t>(size));
     return p;
+  };
+  if (pool) {
+    auto it = pool->free_blocks.find(size);
+    if (void* p = pop(it == pool->free_blocks.end() ? nullptr : &it->second)) return take(p, true);
   }
+  auto it = c.free_blocks.find({stream, size});
+  if (void* p = pop(it == c.free_blocks.end() ? nullptr : &it->second)) return take(p, false);
   DeviceGuard guard(device);
   void* p = nullptr;
-  cudaError_t err = cudaMalloc(&p, size);
-  if (err == cudaErrorMemoryAllocation) {
-    cudaGetLastError();
-    release_cached(device);
+  cudaError_t err = cudaSuccess;
+  if (capturing) {
+    // cudaMalloc is not a stream operation, so a capture forbids it by default; the pool
+    // keeps the block for as long as the graph can run, which makes it safe here.
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    cudaThreadExchangeStreamCaptureMode(&mode);
     err = cudaMalloc(&p, size);
+    cudaThreadExchangeStreamCaptureMode(&mode);
+  } else {
+    err = cudaMalloc(&p, size);
+    if (err == cudaErrorMemoryAllocation) {  // (no cudaFree during a capture)
+      cudaGetLastError();
+      release_cached(device);
+      err = cudaMalloc(&p, size);
+    }
   }
   if (err != cudaSuccess) {
     cudaGetLastError();
@@ -255,7 +294,8 @@ void* cuda_allocate(size_t nbytes, int device) {
   ++c.stats.cuda_mallocs;
   c.stats.reserved += static_cast<int64_t>(size);
   c.stats.peak_reserved = std::max(c.stats.peak_reserved, c.stats.reserved);
-  c.live[p] = {size, stream};
+  if (pool) pool->bytes += static_cast<int64_t>(size);
+  c.live[p] = {size, stream, capturing ? c.capture_pool : 0};
   note_allocated(c.stats, static_cast<int64_t>(size));
   return p;
 }
@@ -268,7 +308,12 @@ void cuda_release(void* p, size_t, int device) {
   const Block b = it->second;
   c.live.erase(it);
   c.stats.allocated -= static_cast<int64_t>(b.size);
-  c.free_blocks[{b.stream, b.size}].push_back(p);
+  // A pool's block stays in its pool while the pool lives (a graph may write it again).
+  auto pool = b.pool ? c.pools.find(b.pool) : c.pools.end();
+  if (pool != c.pools.end())
+    pool->second.free_blocks[b.size].push_back(p);
+  else
+    c.free_blocks[{b.stream, b.size}].push_back(p);
 }
 
 // Copies between the host and a device, or between devices, on the device's current
@@ -308,7 +353,10 @@ std::string mib(int64_t bytes) { return fmt::format("{:.1f} MiB", static_cast<do
 AllocatorStats allocator_stats(int device) {
   KILN_CHECK(device >= 0 && device < kMaxDevices, "cuda::allocator_stats: no device cuda:{}", device);
   std::lock_guard lock(g_alloc_mutex);
-  return caches()[static_cast<size_t>(device)].stats;
+  const DeviceCache& c = caches()[static_cast<size_t>(device)];
+  AllocatorStats s = c.stats;
+  for (const auto& [id, pool] : c.pools) s.graph_pools += pool.bytes;
+  return s;
 }
 
 void reset_peak_allocator_stats(int device) {
@@ -329,6 +377,7 @@ std::string memory_summary(int device) {
     std::lock_guard lock(g_alloc_mutex);
     const DeviceCache& c = caches()[static_cast<size_t>(device)];
     s = c.stats;
+    for (const auto& [id, pool] : c.pools) s.graph_pools += pool.bytes;
     live_blocks = c.live.size();
     for (const auto& [key, blocks] : c.free_blocks) cached_blocks += blocks.size();
   }
@@ -341,6 +390,7 @@ std::string memory_summary(int device) {
   out += fmt::format("  {:<28}{:>14}\n", "cached (free) bytes", mib(s.reserved - s.allocated));
   out += fmt::format("  blocks: {} live, {} cached; {} allocations, {} from the cache; {} cudaMalloc, {} cudaFree\n",
                      live_blocks, cached_blocks, s.allocations, s.cache_hits, s.cuda_mallocs, s.cuda_frees);
+  if (s.graph_pools > 0) out += fmt::format("  CUDA graph pools: {} of the reserved bytes\n", mib(s.graph_pools));
   return out;
 }
 
@@ -353,6 +403,113 @@ void empty_cache() {
     cudaDeviceSynchronize();
     release_cached(d);
   }
+}
+
+// ---- CUDA graphs and their pools ----
+
+MemPool::MemPool(int device) : device_(device) {
+  require_device(device, "cuda::MemPool");
+  static std::atomic<int64_t> next{1};
+  id_ = next++;
+  std::lock_guard lock(g_alloc_mutex);
+  caches()[static_cast<size_t>(device)].pools[id_];
+}
+
+MemPool::~MemPool() {
+  std::lock_guard lock(g_alloc_mutex);
+  DeviceCache& c = caches()[static_cast<size_t>(device_)];
+  auto it = c.pools.find(id_);
+  if (it == c.pools.end()) return;
+  // Free blocks go to the shared cache on the stream the pool's graphs ran on, where stream
+  // order keeps their next user behind the last replay; live ones follow when freed.
+  for (auto& [size, blocks] : it->second.free_blocks)
+    for (void* p : blocks) c.free_blocks[{it->second.stream, size}].push_back(p);
+  c.pools.erase(it);
+}
+
+int64_t MemPool::reserved_bytes() const {
+  std::lock_guard lock(g_alloc_mutex);
+  const DeviceCache& c = caches()[static_cast<size_t>(device_)];
+  auto it = c.pools.find(id_);
+  return it == c.pools.end() ? 0 : it->second.bytes;
+}
+
+CudaGraph::~CudaGraph() {
+  if (!exec_) return;
+  // A replay may still be queued: let it finish (errors ignored, as at process exit).
+  DeviceGuard guard(device_);
+  cudaDeviceSynchronize();
+  cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_));
+  cudaGetLastError();
+}
+
+void CudaGraph::capture(MemPool& pool, const std::function<void()>& record) {
+  KILN_CHECK(!exec_, "cuda::CudaGraph::capture: the graph is captured already");
+  const int device = pool.device();
+  require_device(device, "cuda::CudaGraph::capture");
+  DeviceGuard guard(device);
+  const cudaStream_t stream = stream_of(device);
+  {
+    std::lock_guard lock(g_alloc_mutex);
+    DeviceCache& c = caches()[static_cast<size_t>(device)];
+    KILN_CHECK(c.capture_pool == 0, "cuda::CudaGraph::capture: cuda:{} is capturing another graph", device);
+    PoolBlocks& blocks = c.pools.at(pool.id());
+    if (!blocks.stream) blocks.stream = stream;
+    KILN_CHECK(blocks.stream == stream,
+               "cuda::CudaGraph::capture: the pool's graphs were captured on another stream of cuda:{}", device);
+    c.capture_pool = pool.id();
+    c.capture_stream = stream;
+  }
+  struct EndPool {
+    int device;
+    ~EndPool() {
+      std::lock_guard lock(g_alloc_mutex);
+      DeviceCache& c = caches()[static_cast<size_t>(device)];
+      c.capture_pool = 0;
+      c.capture_stream = nullptr;
+    }
+  } end_pool{device};
+  // Thread-local: a call of this thread that a capture cannot hold fails (and so does the
+  // capture) instead of running outside the graph; other threads are not affected.
+  KILN_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "cuda::CudaGraph::capture");
+  auto abandon = [&] {
+    cudaGraph_t partial = nullptr;
+    cudaStreamEndCapture(stream, &partial);
+    if (partial) cudaGraphDestroy(partial);
+    cudaGetLastError();
+  };
+  try {
+    record();
+  } catch (const Error& e) {
+    abandon();
+    fail("cuda::CudaGraph::capture: {}", e.what());
+  } catch (...) {
+    abandon();
+    throw;
+  }
+  cudaGraph_t graph = nullptr;
+  const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
+  if (ended != cudaSuccess) {
+    if (graph) cudaGraphDestroy(graph);
+    check(ended, "cuda::CudaGraph::capture: the capture failed (something in it waited for the GPU or used an "
+                 "operation a graph cannot hold)");
+  }
+  size_t nodes = 0;
+  cudaGraphGetNodes(graph, nullptr, &nodes);
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t made = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  check(made, "cuda::CudaGraph::capture: instantiating the graph");
+  exec_ = exec;
+  device_ = device;
+  nodes_ = static_cast<int64_t>(nodes);
+}
+
+void CudaGraph::replay() const {
+  KILN_CHECK(exec_, "cuda::CudaGraph::replay: nothing was captured");
+  DeviceGuard guard(device_);
+  KILN_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), stream_of(device_)),
+                  "cuda::CudaGraph::replay");
 }
 
 // ---- kernels ----

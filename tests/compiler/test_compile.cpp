@@ -218,14 +218,6 @@ TEST_CASE("compile falls back to eager code at a graph break", "[compile]") {
                          Contains("random") && Contains("graph 1 (1 ops)"));
 }
 
-TEST_CASE("compile refuses modes that are not available yet", "[compile]") {
-  auto fn = [](const Args& a) -> Args { return {a[0]}; };
-  CHECK_THROWS_WITH(compile(fn, {.mode = "max-autotune"}),
-                    Contains("max-autotune") && Contains("not available yet"));
-  CHECK_THROWS_WITH(explain(fn, {ones({1})}, {.mode = "reduce-overhead"}),
-                    Contains("not available yet"));
-}
-
 TEST_CASE("compile writes the trace of each new graph into the dump folder", "[compile]") {
   const std::filesystem::path dir = std::filesystem::temp_directory_path() /
                                     ("kiln-test-compile-dump-" + std::to_string(getpid()));

@@ -191,6 +191,25 @@ TEST_CASE("error messages name the op and show shapes and dtypes", "[core]") {
   CHECK_THROWS_WITH(find_op("no_such_op"), Catch::Contains("no op named 'no_such_op'"));
 }
 
+TEST_CASE("an in-place target may be an input only where the op reads it at the element it writes", "[core]") {
+  // Elementwise ops read each input at the element they write: x.add_(x) doubles x.
+  Tensor x = arange(4, {.dtype = DType::f32});
+  x.add_(x);
+  CHECK(x[3].item<float>() == 6.0f);
+  // addmm adds its product to a bias of the product's shape (its accumulator), read only at
+  // the element written: the bias may be the target.
+  const Tensor a = arange(6, {.dtype = DType::f32}).reshape({2, 3}), b = ones({3, 2});
+  Tensor acc = ones({2, 2});
+  call_op_out(find_op("addmm"), {acc, a, b}, {}, acc);
+  CHECK(acc[1][0].item<float>() == 13.0f);  // 1 + 3 + 4 + 5
+  // An operand of the product that is the target would be read after it is written.
+  Tensor sq = arange(4, {.dtype = DType::f32}).reshape({2, 2});
+  CHECK_THROWS_WITH(call_op_out(find_op("addmm"), {zeros({2, 2}), sq, sq}, {}, sq),
+                    Catch::Contains("addmm: input 1") && Catch::Contains("is the in-place target itself"));
+  CHECK_THROWS_WITH(call_op_out(find_op("mm"), {sq, eye(2)}, {}, sq), Catch::Contains("mm: input 0"));
+  CHECK(sq[1][1].item<float>() == 3.0f);  // untouched
+}
+
 TEST_CASE("in-place writes that would race with their reads are errors", "[core]") {
   Tensor m = arange(12, {.dtype = DType::f32}).reshape({3, 4});
   // An input that partly overlaps the target (its first row) would be read after writes.

@@ -8,10 +8,12 @@
 // those differences step by step: measured on an H200, within 1e-4 through the second
 // optimizer step and 5e-4 after the third.
 #include "compiler/compile.h"
+#include "core/cuda.h"
 #include "cuda/cuda_testing.h"
 
 using namespace kiln;
 using namespace kiln::compiler;
+using Catch::Matchers::Contains;
 
 namespace {
 
@@ -38,8 +40,10 @@ TracedFunction micro_step(std::shared_ptr<nn::Module> model, bool flatten) {
   };
 }
 
+// `mode`: compile's; with reduce-overhead the loss weight lives on the GPU (a CPU input keeps
+// a program out of CUDA graphs), and the micro-step graphs must have been captured.
 void check_step(const std::function<std::shared_ptr<nn::Module>()>& make, Shape input, DType dtype, double rtol,
-                bool flatten = false) {
+                bool flatten = false, const std::string& mode = "default") {
   const Device gpu = Device::cuda();
   manual_seed(7);
   std::shared_ptr<nn::Module> model = make();
@@ -47,15 +51,16 @@ void check_step(const std::function<std::shared_ptr<nn::Module>()>& make, Shape 
   std::shared_ptr<nn::Module> reference = make();
   model->to(dtype).to(gpu);
   reference->to(dtype).to(gpu);
-  CompiledFunction compiled = compile(micro_step(model, flatten));
+  CompiledFunction compiled = compile(micro_step(model, flatten), {.mode = mode});
   const TracedFunction eager = micro_step(reference, flatten);
   const optim::SGDOptions opts{.lr = 0.1, .momentum = 0.9, .weight_decay = 5e-5};
   optim::SGD compiled_sgd(model->parameters(), opts), eager_sgd(reference->parameters(), opts);
   for (int step = 0; step < 3; ++step) {
     for (int micro = 0; micro < 2; ++micro) {
       const std::string at = fmt::format("step {} micro-step {}: ", step, micro);
+      const Tensor weight = full({}, micro == 0 ? 1.0 / 3 : 2.0 / 3, {.dtype = DType::f64});
       const Args batch = {randn(input, {.dtype = dtype}).to(gpu), randint(0, 10, {input[0]}).to(gpu),
-                          full({}, micro == 0 ? 1.0 / 3 : 2.0 / 3, {.dtype = DType::f64})};
+                          mode == "reduce-overhead" ? weight.to(gpu) : weight};
       const Args got = compiled(batch), want = eager(batch);
       check_relative(at + "loss", got.at(0), want.at(0), rtol);
       const auto params = model->named_parameters(), ref = reference->named_parameters();
@@ -70,6 +75,16 @@ void check_step(const std::function<std::shared_ptr<nn::Module>()>& make, Shape 
     for (const auto& [name, t] : model->state_dict()) check_relative(fmt::format("step {}: {}", step, name), t, state.at(name), rtol);
   }
   CHECK(compiled.graph_breaks() == 0);
+  if (mode == "reduce-overhead") {
+    // Two micro-step graphs (.grad undefined, defined), three calls each: trace, warm-up,
+    // capture (whose replay is the call's work).
+    const CudaGraphStats g = compiled.cuda_graphs();
+    INFO(fmt::format("not captured: {}", fmt::join(g.skipped, "; ")));
+    CHECK(g.skipped.empty());
+    CHECK(g.captures == 2);
+    CHECK(g.replays == 2);
+    CHECK(g.pool_bytes > 0);
+  }
 }
 
 }  // namespace
@@ -104,4 +119,91 @@ TEST_CASE("compiled ConvNet and ResNet-18 training steps on the GPU equal eager 
              {4, 3, 16, 16}, DType::f32, 1e-4);
   check_step([] { return std::make_shared<models::ResNet>(models::resnet18({.num_classes = 10, .zero_init_residual = true})); },
              {2, 3, 32, 32}, DType::f32, 2e-3);
+}
+
+TEST_CASE("a CUDA graph replays captured work on new contents; a capture that reads back fails cleanly", "[cuda]") {
+  KILN_NEEDS_GPU();
+  const Device gpu = Device::cuda();
+  Tensor x = randn({1000}).to(gpu);
+  Tensor y = relu(x) + x;  // compiles the kernels before the capture
+  cuda::MemPool pool;
+  cuda::CudaGraph graph;
+  const int64_t mallocs = cuda::allocator_stats().cuda_mallocs;
+  graph.capture(pool, [&] { y = relu(x) + x; });
+  CHECK(graph.captured());
+  CHECK(graph.num_nodes() >= 2);
+  CHECK(pool.reserved_bytes() >= 2 * 1000 * 4);  // relu's result and y
+  CHECK(cuda::allocator_stats().graph_pools >= pool.reserved_bytes());
+  INFO("cudaMalloc calls during the capture: " << cuda::allocator_stats().cuda_mallocs - mallocs);
+  graph.replay();
+  check_relative("first replay", y, relu(x) + x, 0);
+  x.copy_(randn({1000}).to(gpu));
+  graph.replay();
+  check_relative("replay after new contents", y, relu(x) + x, 0);
+  // Blocks freed during the capture stay in the pool: an allocation outside it gets others.
+  const Tensor outside = empty({1000}, {.device = gpu});
+  graph.replay();
+  CHECK(outside.data_ptr() != y.data_ptr());
+
+  cuda::CudaGraph bad;
+  CHECK_THROWS_WITH(bad.capture(pool, [&] { (void)sum(x).item<double>(); }), Contains("cuda::CudaGraph::capture"));
+  CHECK(!bad.captured());
+  check_relative("the device works after a failed capture", relu(x) + x, y, 0);
+}
+
+TEST_CASE("reduce-overhead replays a compiled function as a CUDA graph", "[cuda]") {
+  KILN_NEEDS_GPU();
+  const Device gpu = Device::cuda();
+  const Tensor y = randn({33}).to(gpu);
+  CompiledFunction f = compile([](const Args& a) -> Args { return {relu(a[0] * a[1] + 1) - sigmoid(a[0])}; },
+                               {.mode = "reduce-overhead"});
+  Args results;
+  for (int call = 0; call < 5; ++call) {
+    const Tensor x = randn({64, 33}).to(gpu);
+    results.push_back(f({x, y}).at(0));
+    check_relative(fmt::format("call {}", call), results.back(), relu(x * y + 1) - sigmoid(x), 1e-6);
+  }
+  // Results are the caller's: later replays did not overwrite them.
+  for (size_t i = 0; i + 1 < results.size(); ++i) CHECK(results[i].data_ptr() != results[i + 1].data_ptr());
+  const CudaGraphStats g = f.cuda_graphs();
+  INFO(fmt::format("not captured: {}", fmt::join(g.skipped, "; ")));
+  CHECK(g.skipped.empty());
+  CHECK(g.captures == 1);
+  CHECK(g.replays == 3);  // five calls: trace, warm-up, capture, two replays
+
+  // A CPU input keeps the program out of graphs, and it says so; results stay right.
+  CompiledFunction cpu_input = compile([](const Args& a) -> Args { return {a[0] * a[1]}; }, {.mode = "reduce-overhead"});
+  const Tensor x = randn({8}).to(gpu), w = full({}, 3.0);
+  for (int call = 0; call < 3; ++call) check_relative("CPU scalar", cpu_input({x, w}).at(0), x * 3, 0);
+  REQUIRE(cpu_input.cuda_graphs().skipped.size() == 1);
+  CHECK_THAT(cpu_input.cuda_graphs().skipped[0], Contains("is on cpu"));
+}
+
+TEST_CASE("reduce-overhead: an op a graph cannot hold leaves the program uncaptured, still right", "[cuda]") {
+  KILN_NEEDS_GPU();
+  // scatter_add runs through the host fallback on CUDA (a copy to the host, which a capture
+  // refuses): the capture fails and the program runs as in the default mode.
+  const Device gpu = Device::cuda();
+  const Tensor index = from_vector<int64_t>({0, 2, 2, 1}).to(gpu);
+  CompiledFunction f = compile(
+      [&index](const Args& a) -> Args { return {scatter_add(zeros({3}, {.device = a[0].device()}), 0, index, relu(a[0]))}; },
+      {.mode = "reduce-overhead"});
+  for (int call = 0; call < 4; ++call) {
+    const Tensor x = randn({4}).to(gpu);
+    const Tensor want = scatter_add(zeros({3}), 0, index.to(Device::cpu()), relu(x.to(Device::cpu())));
+    check_relative(fmt::format("call {}", call), f({x}).at(0), want, 1e-6);
+  }
+  const CudaGraphStats g = f.cuda_graphs();
+  if (f.graph_breaks() > 0) return;  // the tracer split it instead: nothing to capture
+  REQUIRE(g.skipped.size() == 1);
+  CHECK_THAT(g.skipped[0], Contains("capture failed"));
+  CHECK(g.replays == 0);
+}
+
+TEST_CASE("reduce-overhead training steps with accumulation on the GPU equal eager ones", "[cuda]") {
+  KILN_NEEDS_GPU();
+  check_step([] { return std::make_shared<models::MLP>(models::MLP({48, 32, 16, 10})); }, {4, 3, 4, 4}, DType::f64,
+             1e-10, true, "reduce-overhead");
+  check_step([] { return std::make_shared<models::ConvNet>(models::ConvNet({.in_channels = 3, .num_classes = 10})); },
+             {4, 3, 16, 16}, DType::f32, 1e-4, false, "reduce-overhead");
 }
