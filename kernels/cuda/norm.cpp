@@ -5,9 +5,11 @@
 //
 // Semantics follow kernels/cpu/norm.cpp:
 // - an [N, C, ...] input is seen as [N, C, L, 1] (contiguous), so any rank from 2 up works;
-//   a channels_last input is copied to NCHW, and outputs that are not contiguous (a
-//   channels_last output, which the shape rules give for such an input) are written through
-//   a contiguous buffer copied into them (OutBuffer, copy_);
+//   a 4-d channels_last input stays NHWC (cuDNN's descriptors take its strides, and the
+//   NHWC-optimized CUDNN_BATCHNORM_SPATIAL_PERSISTENT mode computes training; its
+//   range restriction is the NCHW mode's only), so a channels-last network's batch norms
+//   copy nothing; an output not in the input's layout or dtype is written through a buffer
+//   copied into it (OutBuffer, copy_);
 // - everything is computed in the statistics dtype (f32, or f64 for f64 inputs): 16-bit
 //   inputs are converted to f32 first (cuDNN keeps its parameters in f32 for them anyway),
 //   and results are converted back into the outputs' dtypes;
@@ -40,22 +42,48 @@ double eps_of(const Attrs& a, const char* op) {
   return eps;
 }
 
-// An [N, C, ...] tensor's [N, C, L] sizes.
+// An [N, C, ...] tensor's [N, C, L] sizes, and whether the call keeps it NHWC: a 4-d
+// channels_last input that is not also contiguous (then H * W is L).
 struct Channels {
   int64_t n, c, l;
+  bool nhwc = false;
+  int64_t h = 1, w = 1;
 };
 Channels channels_of(const Tensor& x) {
   int64_t l = 1;
   for (int64_t d = 2; d < x.dim(); ++d) l *= x.size(d);
-  return {x.size(0), x.size(1), l};
+  Channels s{x.size(0), x.size(1), l};
+  if (x.dim() == 4 && !x.is_contiguous() && dnn::is_channels_last(x)) {
+    s.nhwc = true;
+    s.h = x.size(2);
+    s.w = x.size(3);
+  }
+  return s;
 }
 
-// The descriptors of one call: the data as [N, C, L, 1], the parameters as [1, C, 1, 1].
+// Training's mode: the NHWC-optimized one for NHWC data.
+cudnnBatchNormMode_t training_mode(const Channels& s) {
+  return s.nhwc ? CUDNN_BATCHNORM_SPATIAL_PERSISTENT : CUDNN_BATCHNORM_SPATIAL;
+}
+
+// `t` (an input of the call) in the call's layout and dtype dt: itself when it is, else a copy.
+Tensor in_call_layout(const Tensor& t, const Channels& s, DType dt) {
+  const Tensor converted = t.to(dt);
+  return s.nhwc ? dnn::in_layout(converted, true) : converted.contiguous();
+}
+
+// The descriptors of one call: the data as [N, C, L, 1] (or [N, C, H, W] NHWC), the
+// parameters as [1, C, 1, 1].
 struct BnDescs {
   dnn::TensorDesc data, param;
   BnDescs(const Channels& s, DType dt, const char* op) {
-    const int64_t sizes[] = {s.n, s.c, s.l, 1}, strides[] = {s.c * s.l, s.l, 1, 1};
-    data.set(dt, sizes, strides, op);
+    if (s.nhwc) {
+      const int64_t sizes[] = {s.n, s.c, s.h, s.w}, strides[] = {s.c * s.l, 1, s.w * s.c, s.c};
+      data.set(dt, sizes, strides, op);
+    } else {
+      const int64_t sizes[] = {s.n, s.c, s.l, 1}, strides[] = {s.c * s.l, s.l, 1, 1};
+      data.set(dt, sizes, strides, op);
+    }
     const int64_t psizes[] = {1, s.c, 1, 1}, pstrides[] = {s.c, 1, 1, 1};
     param.set(dt, psizes, pstrides, op);
   }
@@ -75,23 +103,26 @@ Tensor writable(const Tensor& t, DType dt) {
   return copy;
 }
 
-// A contiguous buffer of dtype dt to write `out` through: out itself when it is one, else a
-// new tensor that finish() copies (converting) into out.
+// A buffer of dtype dt to write `out` through, contiguous (or NHWC with `nhwc`, for data
+// of an NHWC call): out itself when it is one, else a new tensor that finish() copies
+// (converting) into out.
 struct OutBuffer {
   Tensor out, buf;
-  OutBuffer(const Tensor& o, DType dt)
-      : out(o), buf(o.dtype() == dt && o.is_contiguous() ? o : empty(o.shape(), {.dtype = dt, .device = o.device()})) {}
+  OutBuffer(const Tensor& o, DType dt, bool nhwc = false) : out(o) {
+    const bool fits = o.dtype() == dt && (nhwc ? dnn::is_channels_last(o) : o.is_contiguous());
+    buf = fits ? o : nhwc ? dnn::empty_channels_last(o.shape(), dt, o.device()) : empty(o.shape(), {.dtype = dt, .device = o.device()});
+  }
   void* ptr() const { return buf.data_ptr(); }
   void finish() {
     if (!buf.same(out)) out.copy_(buf);
   }
 };
 
-void forward_training(cudnnHandle_t h, const BnDescs& d, DType dt, const Tensor& x, void* y, const Tensor& w,
-                      const Tensor& b, double momentum, void* running_mean, void* running_var, double eps,
-                      void* save_mean, void* save_invstd, const char* op) {
+void forward_training(cudnnHandle_t h, const Channels& s, const BnDescs& d, DType dt, const Tensor& x, void* y,
+                      const Tensor& w, const Tensor& b, double momentum, void* running_mean, void* running_var,
+                      double eps, void* save_mean, void* save_invstd, const char* op) {
   const dnn::Scale one(1.0), zero(0.0);
-  dnn::check(cudnnBatchNormalizationForwardTraining(h, CUDNN_BATCHNORM_SPATIAL, one.for_type(dt), zero.for_type(dt),
+  dnn::check(cudnnBatchNormalizationForwardTraining(h, training_mode(s), one.for_type(dt), zero.for_type(dt),
                                                     d.data.get(), x.data_ptr(), d.data.get(), y, d.param.get(),
                                                     w.data_ptr(), b.data_ptr(), momentum, running_mean, running_var,
                                                     eps, save_mean, save_invstd),
@@ -106,12 +137,12 @@ void batch_norm_kernel(Span in, Span out, const Attrs& attrs) {
   const double eps = eps_of(attrs, op);
   const DType sd = stats_dtype(in[0].dtype());
   const Device device = in[0].device();
-  const Tensor x = in[0].to(sd).contiguous();
-  const Channels s = channels_of(x);
+  const Channels s = channels_of(in[0]);
+  const Tensor x = in_call_layout(in[0], s, sd);
   if (s.c == 0) return;
   const Tensor w = param(in[1], s.c, 1.0, sd, device), b = param(in[2], s.c, 0.0, sd, device);
   const bool has_running = in[3].defined();
-  OutBuffer y(out[0], sd), save_mean(out[1], sd), save_invstd(out[2], sd);
+  OutBuffer y(out[0], sd, s.nhwc), save_mean(out[1], sd), save_invstd(out[2], sd);
   DeviceGuard guard(device.index);
   cudnnHandle_t h = dnn::handle_for(device.index, op);
   if (training) {
@@ -123,7 +154,7 @@ void batch_norm_kernel(Span in, Span out, const Attrs& attrs) {
       rm = writable(in[3], sd);
       rv = writable(in[4], sd);
     }
-    forward_training(h, d, sd, x, y.ptr(), w, b, momentum_of(attrs), has_running ? rm.data_ptr() : nullptr,
+    forward_training(h, s, d, sd, x, y.ptr(), w, b, momentum_of(attrs), has_running ? rm.data_ptr() : nullptr,
                      has_running ? rv.data_ptr() : nullptr, eps, save_mean.ptr(), save_invstd.ptr(), op);
     if (has_running && !rm.same(in[3])) Tensor(in[3]).copy_(rm);
     if (has_running && !rv.same(in[4])) Tensor(in[4]).copy_(rv);
@@ -152,18 +183,18 @@ void batch_norm_stats_update_kernel(Span in, Span out, const Attrs& attrs) {
   NoGradGuard no_grad;
   const DType sd = stats_dtype(in[0].dtype());
   const Device device = in[0].device();
-  const Tensor x = in[0].to(sd).contiguous();
-  const Channels s = channels_of(x);
+  const Channels s = channels_of(in[0]);
+  const Tensor x = in_call_layout(in[0], s, sd);
   if (s.c == 0) return;
   const Tensor w = param({}, s.c, 1.0, sd, device), b = param({}, s.c, 0.0, sd, device);
   // The update is written into fresh copies; the normalized output is thrown away.
   Tensor rm = empty({s.c}, {.dtype = sd, .device = device}), rv = empty({s.c}, {.dtype = sd, .device = device});
   rm.copy_(in[1]);
   rv.copy_(in[2]);
-  const Tensor scratch = empty(x.shape(), {.dtype = sd, .device = device});
+  const Tensor scratch = s.nhwc ? dnn::empty_channels_last(x.shape(), sd, device) : empty(x.shape(), {.dtype = sd, .device = device});
   DeviceGuard guard(device.index);
   const BnDescs d(s, sd, op);
-  forward_training(dnn::handle_for(device.index, op), d, sd, x, scratch.data_ptr(), w, b, momentum_of(attrs),
+  forward_training(dnn::handle_for(device.index, op), s, d, sd, x, scratch.data_ptr(), w, b, momentum_of(attrs),
                    rm.data_ptr(), rv.data_ptr(), 1e-5, nullptr, nullptr, op);
   Tensor(out[0]).copy_(rm);
   Tensor(out[1]).copy_(rv);
@@ -176,26 +207,27 @@ void batch_norm_backward_kernel(Span in, Span out, const Attrs& attrs) {
   const bool training = attrs.b("training");
   const DType sd = stats_dtype(in[1].dtype());
   const Device device = in[1].device();
-  const Tensor x = in[1].to(sd).contiguous(), dy = in[0].to(sd).contiguous();
-  const Channels s = channels_of(x);
+  const Channels s = channels_of(in[1]);
+  const Tensor x = in_call_layout(in[1], s, sd), dy = in_call_layout(in[0], s, sd);
   if (s.c == 0) return;
   const Tensor w = param(in[2], s.c, 1.0, sd, device);
   const Tensor mean = in[3].to(sd).contiguous(), invstd = in[4].to(sd).contiguous();
   if (!training || x.numel() == 0) {
     // With running statistics the normalization is affine in x, and cuDNN's backward
     // assumes batch statistics: dx = dy w invstd, dw = sum(dy (x - mean)) invstd, db = sum(dy).
-    const Tensor dy3 = dy.view({s.n, s.c, s.l}), x3 = x.view({s.n, s.c, s.l});
+    const Tensor dy3 = dy.contiguous().view({s.n, s.c, s.l}), x3 = x.contiguous().view({s.n, s.c, s.l});
     Tensor(out[0]).copy_(mul(dy3, mul(w, invstd).view({1, s.c, 1})).view(x.shape()));
     Tensor(out[1]).copy_(mul(sum(mul(dy3, sub(x3, mean.view({1, s.c, 1}))), {0, 2}), invstd));
     Tensor(out[2]).copy_(sum(dy3, {0, 2}));
     return;
   }
-  OutBuffer dx(out[0], sd), dw(out[1], sd), db(out[2], sd);
+  OutBuffer dx(out[0], sd, s.nhwc), dw(out[1], sd), db(out[2], sd);
   DeviceGuard guard(device.index);
   const BnDescs d(s, sd, op);
   const dnn::Scale one(1.0), zero(0.0);
-  // Given the saved statistics, cuDNN does not recompute them (eps is then unused).
-  dnn::check(cudnnBatchNormalizationBackward(dnn::handle_for(device.index, op), CUDNN_BATCHNORM_SPATIAL,
+  // Given the saved statistics, cuDNN does not recompute them (eps is then unused); the mode
+  // is the forward's.
+  dnn::check(cudnnBatchNormalizationBackward(dnn::handle_for(device.index, op), training_mode(s),
                                              one.for_type(sd), zero.for_type(sd), one.for_type(sd), zero.for_type(sd),
                                              d.data.get(), x.data_ptr(), d.data.get(), dy.data_ptr(), d.data.get(),
                                              dx.ptr(), d.param.get(), w.data_ptr(), dw.ptr(), db.ptr(),

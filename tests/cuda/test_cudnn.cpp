@@ -178,6 +178,48 @@ TEST_CASE("batch_norm on the GPU equals the CPU in training and eval", "[cuda][c
   }, {x, zeros({3}, {.dtype = DType::f16}), ones({3}, {.dtype = DType::f16})}, 2e-3);
 }
 
+TEST_CASE("batch_norm on the GPU keeps channels-last data NHWC and equals the CPU", "[cuda][cudnn]") {
+  KILN_NEEDS_GPU();
+  // The GPU side gets its 4-d inputs channels_last (NHWC descriptors, the persistent mode in
+  // training); the CPU side computes NCHW. Outputs follow the input's layout on the GPU.
+  for (DType dt : {DType::f32, DType::f16}) {
+    const Shape shape{4, 6, 5, 3};
+    const std::string what = fmt::format("{} {}", dt, shape_str(shape));
+    const Tensor x = values_in(shape, -2, 3, dt, 5), gy = values_in(shape, -1, 1, dt, 10);
+    const Tensor w = values_in({6}, 0.5, 1.5, DType::f32, 6), b = values_in({6}, -1, 1, DType::f32, 7);
+    const Tensor rm = values_in({6}, -0.5, 0.5, DType::f32, 8), rv = values_in({6}, 0.5, 2, DType::f32, 9);
+    const double tol = tolerance(dt);
+    check_same("train NHWC " + what, [](auto& in) {
+      Tensor m = in[3].clone(), v = in[4].clone();
+      BatchNormResult r = batch_norm_with_stats(in[0], in[1], in[2], m, v, true, 0.1, 1e-5);
+      if (in[0].device().is_cuda()) CHECK(r.output.is_contiguous(MemoryFormat::channels_last));
+      return std::vector<Tensor>{r.output, r.save_mean, r.save_invstd, m, v};
+    }, {x, w, b, rm, rv}, tol, channels_last);
+    check_same("eval NHWC " + what, [](auto& in) {
+      BatchNormResult r = batch_norm_with_stats(in[0], in[1], in[2], in[3], in[4], false, 0.1, 1e-5);
+      return std::vector<Tensor>{r.output, r.save_mean, r.save_invstd};
+    }, {x, w, b, rm, rv}, tol, channels_last);
+    check_same("stats update NHWC " + what, [](auto& in) {
+      RunningStats st = batch_norm_stats_update(in[0], in[1], in[2], 0.3);
+      return std::vector<Tensor>{st.mean, st.var};
+    }, {x, rm, rv}, tol, channels_last);
+    for (bool training : {true, false})
+      check_same(fmt::format("backward NHWC training={} {}", training, what), [training](auto& in) {
+        const BatchNormResult r = batch_norm_with_stats(in[1], in[2], {}, in[3], in[4], training, 0.1, 1e-5);
+        NormGrads g = batch_norm_backward(in[0], in[1], in[2], r.save_mean, r.save_invstd, training, 1e-5);
+        if (in[0].device().is_cuda() && training) CHECK(g.grad_input.is_contiguous(MemoryFormat::channels_last));
+        return std::vector<Tensor>{g.grad_input, g.grad_weight, g.grad_bias};
+      }, {gy, x, w, rm.clone(), rv.clone()}, tol, channels_last);
+  }
+  // Mixed layouts: an NHWC input with a contiguous gradient (copied into the input's layout).
+  const Tensor x = values_in({2, 3, 4, 4}, -1, 1, DType::f32, 11), gy = values_in({2, 3, 4, 4}, -1, 1, DType::f32, 12);
+  check_same("backward NHWC input, NCHW gradient", [](auto& in) {
+    const Tensor xin = in[1].device().is_cuda() ? channels_last(in[1]) : in[1];
+    const BatchNormResult r = batch_norm_with_stats(xin, {}, {}, {}, {}, true, 0.1, 1e-5);
+    return std::vector<Tensor>{batch_norm_backward(in[0], xin, {}, r.save_mean, r.save_invstd, true, 1e-5).grad_input};
+  }, {gy, x}, 1e-4);
+}
+
 TEST_CASE("max_pool2d on the GPU gives the CPU's values and indices", "[cuda][cudnn]") {
   KILN_NEEDS_GPU();
   for (DType dt : {DType::f32, DType::f64, DType::f16}) {
