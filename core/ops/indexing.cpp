@@ -64,7 +64,10 @@ std::vector<TensorMeta> infer_scatter_add(std::span<const TensorMeta> in, const 
   }
   return {TensorMeta{x.shape, x.dtype, common_device(in, "scatter_add")}};
 }
-const OpDef& kScatterAdd = define_op({.name = "scatter_add", .infer = infer_scatter_add});
+// The input is read only at the element written (src is added to it there).
+int scatter_add_accumulator(std::span<const TensorMeta>) { return 0; }
+const OpDef& kScatterAdd =
+    define_op({.name = "scatter_add", .infer = infer_scatter_add, .accumulator = scatter_add_accumulator});
 
 // ---- index_select / embedding ----
 std::vector<TensorMeta> infer_index_select(std::span<const TensorMeta> in, const Attrs& a) {

@@ -1,9 +1,11 @@
-// CUDA kernels of gather, index_select, embedding (+ backward), one_hot, flip, tril and triu,
+// CUDA kernels of gather, scatter_add, index_select, embedding (+ backward), one_hot, flip, tril and triu,
 // with kernels/cpu/indexing.cpp's semantics. The copying kernels move elements as values of
 // a type of their size (bit for bit, NaN payloads included), so one kernel per element size
 // serves every dtype; their results equal the CPU's exactly.
 // - gather: out has the index's shape, out[c] = x[c with c[dim] replaced by index[c]]; the
 //   input may be strided, the index is made contiguous.
+// - scatter_add: out = x, then a thread per line of the index along dim adds its src
+//   elements in order into out's line (the CPU's order: equal results, deterministic);
 // - index_select / embedding: x seen as [outer, size, inner], out[o][j][:] = x[o][index[j]][:].
 // - embedding_backward: the CPU's threads own columns and add the gradient rows in index
 //   order; here a thread owns a column of the weight rows q with q % groups == its group and
@@ -14,7 +16,8 @@
 //
 // Unlike the CPU kernels, an index out of range raises no error (finding it would make
 // every call wait for the GPU): gather, index_select and embedding give zero bits for that
-// element or row, embedding_backward skips the row, and one_hot gives a row of zeros.
+// element or row, scatter_add and embedding_backward skip the element or row, and one_hot
+// gives a row of zeros.
 #include <algorithm>
 
 #include "core/ops/factory.h"
@@ -77,6 +80,67 @@ DType by_size(size_t bytes) {
 
 // A 0-d tensor as a 1-d tensor of one element, as the CPU kernel sees it.
 Tensor at_least_1d(const Tensor& t) { return t.dim() == 0 ? t.reshape({1}) : t; }
+
+// scatter_add: one thread per line of the index along dim, adding its src elements into
+// out's line in order, as the CPU does (each index line writes only to the out line with its
+// own coordinates), so every sum has the CPU's order and result.
+struct ScatterDims {
+  long long size[kMaxDims];  // the index's
+  long long out_stride[kMaxDims], src_stride[kMaxDims], index_stride[kMaxDims];
+};
+const KernelFamily kScatterAdd("scatter_add", R"(
+typedef SCALAR T;
+typedef COMPUTE C;
+struct ScatterDims {
+  long long size[8];
+  long long out_stride[8], src_stride[8], index_stride[8];
+};
+template <class X> __device__ X add_values(X a, X b) { return a + b; }
+__device__ bool add_values(bool a, bool b) { return a || b; }
+extern "C" __global__ void NAME(T* out, const T* src, const long long* index, long long lines, int ndim, int dim,
+                                long long dim_size, ScatterDims dims) {
+  const long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  if (t >= lines) return;
+  long long rest = t, o = 0, s = 0, i = 0;
+  for (int d = ndim - 1; d >= 0; --d) {
+    if (d == dim) continue;
+    const long long c = rest % dims.size[d];
+    rest /= dims.size[d];
+    o += c * dims.out_stride[d];
+    s += c * dims.src_stride[d];
+    i += c * dims.index_stride[d];
+  }
+  for (long long j = 0; j < dims.size[dim]; ++j) {
+    const long long k = index[i + j * dims.index_stride[dim]];
+    if (k < 0 || k >= dim_size) continue;
+    T& dst = out[o + k * dims.out_stride[dim]];
+    dst = T(add_values((C)dst, (C)src[s + j * dims.src_stride[dim]]));
+  }
+}
+)",
+                                 {DType::f32, DType::f64, DType::f16, DType::bf16, DType::i64, DType::i32, DType::u8,
+                                  DType::boolean});
+
+void scatter_add(Span in, Span out, const Attrs& a) {
+  constexpr const char* op = "scatter_add";
+  const Tensor o = at_least_1d(out[0]);
+  const Tensor x = at_least_1d(in[0]);
+  if (!same_view(o, x)) Tensor(o).copy_(x);
+  const Tensor index = at_least_1d(in[1]), src = at_least_1d(in[2]);
+  const int64_t dim = wrap_dim(a.i("dim"), o.dim(), op);
+  if (index.numel() == 0) return;
+  KILN_CHECK(o.dim() <= kMaxDims, "{}: on CUDA at most {} dims are supported, got {}", op, kMaxDims, o.meta_str());
+  ScatterDims dims{};
+  for (int64_t d = 0; d < o.dim(); ++d) {
+    dims.size[d] = index.size(d);
+    dims.out_stride[d] = o.stride(d);
+    dims.src_stride[d] = src.stride(d);
+    dims.index_stride[d] = index.stride(d);
+  }
+  const long long lines = index.numel() / index.size(dim);
+  kScatterAdd.launch(o.dtype(), o.device().index, lines, o.data_ptr(), src.data_ptr(), index.data_ptr(), lines,
+                     static_cast<int>(o.dim()), static_cast<int>(dim), static_cast<long long>(o.size(dim)), dims);
+}
 
 void gather(Span in, Span out, const Attrs& a) {
   constexpr const char* op = "gather";
@@ -280,6 +344,7 @@ struct Registrar {
   Registrar() {
     constexpr auto cuda = DeviceType::cuda;
     register_kernel("gather", cuda, gather);
+    register_kernel("scatter_add", cuda, scatter_add);
     register_kernel("index_select", cuda, index_select);
     register_kernel("embedding", cuda, embedding);
     register_kernel("embedding_backward", cuda, embedding_backward);

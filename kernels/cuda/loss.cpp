@@ -1,5 +1,5 @@
 // CUDA kernels of nll_loss, cross_entropy_loss (class-index targets, label smoothing),
-// mse_loss and their backward ops, with kernels/cpu/loss.cpp's arithmetic: every loss
+// cross_entropy_prob_loss (class-probability targets), mse_loss and their backward ops, with kernels/cpu/loss.cpp's arithmetic: every loss
 // element in f64 from the input read as its compute type, written the way the CPU writes
 // it. A reduced loss is summed as the CPU's ordered_sum sums it (chunks of 2048 elements in
 // order, then the chunks' sums in order), so it is the CPU's number to the bit; only the
@@ -12,6 +12,9 @@
 //
 // mse_loss with reduction "none" and mse_loss_backward are elementwise and broadcast:
 // composed of eager CUDA ops in the CPU kernel's compute dtype and order.
+#include <algorithm>
+#include <limits>
+
 #include "core/grad_mode.h"
 #include "core/ops/elementwise.h"
 #include "core/ops/factory.h"
@@ -150,6 +153,51 @@ extern "C" __global__ void NAME(const double* grad, int grad_per_element, const 
 )",
                                          kFloats);
 
+// cross_entropy_prob_loss's element e (of count over [N, C, S] views of x and the target,
+// each with its strides): -sum over c of w(c) p(c) x[c], p(c) the smoothed target
+// probability, in the CPU kernel's order; with reduction "none" the element in x's dtype.
+const KernelFamily kProbElements("prob_elements", R"(
+typedef SCALAR T;
+typedef COMPUTE C;
+extern "C" __global__ void NAME(const T* x, long long xn, long long xc, long long xs, const T* target, long long tn,
+                                long long tc, long long ts, long long spatial, long long classes,
+                                const double* weight, double smoothing, long long count, T* out, double* losses) {
+  const long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  if (e >= count) return;
+  const T* xr = x + (e / spatial) * xn + (e % spatial) * xs;
+  const T* tr = target + (e / spatial) * tn + (e % spatial) * ts;
+  double loss = 0.0;
+  for (long long c = 0; c < classes; ++c) {
+    const double p = (double)(C)tr[c * tc] * (1 - smoothing) + smoothing / (double)classes;
+    loss -= (weight ? weight[c] : 1.0) * p * (double)(C)xr[c * xc];
+  }
+  if (out) out[e] = T(loss);
+  if (losses) losses[e] = loss;
+}
+)",
+                                   kFloats);
+
+// One thread per element j of the gradient (contiguous [N, C, S]): -w(c) p(c) g, g the
+// element's gradient (or the reduced loss's, times 1 / count for a mean).
+const KernelFamily kProbBackward("prob_backward", R"(
+typedef SCALAR T;
+typedef COMPUTE C;
+extern "C" __global__ void NAME(const double* grad, int grad_per_element, double scale, const T* target,
+                                long long tn, long long tc, long long ts, const double* weight, double smoothing,
+                                long long classes, long long spatial, long long total, T* out) {
+  const long long j = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  if (j >= total) return;
+  const long long row = classes * spatial;
+  const long long c = (j % row) / spatial;
+  const long long i = (j / row) * spatial + j % spatial;
+  const double g = (grad_per_element ? grad[i] : grad[0]) * scale;
+  const double p = (double)(C)target[(i / spatial) * tn + c * tc + (i % spatial) * ts] * (1 - smoothing) +
+                   smoothing / (double)classes;
+  out[j] = T(-(weight ? weight[c] : 1.0) * p * g);
+}
+)",
+                                   kFloats);
+
 enum class Reduction { none, mean, sum };
 
 Reduction reduction_of(const Attrs& a) {
@@ -270,6 +318,70 @@ void class_index_backward(Span in, Span out, const Attrs& attrs) {
   finish_target(out[0], gx);
 }
 
+// ---- cross_entropy_prob_loss: class probabilities as the target ----
+
+// The log-probabilities and the target (in their dtype) as [N, C, S] views, the weight.
+struct ProbProblem {
+  Tensor x, target, weight;
+  long long classes, spatial, count;
+  double smoothing;
+  Reduction reduction;
+  int device;
+
+  ProbProblem(const Tensor& input, const Tensor& target_in, const Tensor& weight_in, const Attrs& a)
+      : weight(weight_in.defined() ? weight_in.to(DType::f64).contiguous() : Tensor()),
+        smoothing(a.f("label_smoothing")),
+        reduction(reduction_of(a)),
+        device(input.device().index) {
+    classes = input.dim() == 1 ? input.size(0) : input.size(1);
+    const long long n = input.dim() == 1 ? 1 : input.size(0);
+    spatial = 1;
+    for (int64_t d = 2; d < input.dim(); ++d) spatial *= input.size(d);
+    x = input.reshape({n, classes, spatial});
+    target = target_in.to(input.dtype()).reshape({n, classes, spatial});
+    count = n * spatial;
+  }
+  long long stride(const Tensor& t, int d) const { return static_cast<long long>(t.stride(d)); }
+};
+
+void prob_loss(Span in, Span out, const Attrs& attrs) {
+  NoGradGuard no_grad;
+  const ProbProblem p(in[0], in[1], in[2], attrs);
+  const DType t = in[0].dtype();
+  auto elements = [&](const Tensor& y, const Tensor& losses) {
+    kProbElements.launch(t, p.device, p.count, ptr(p.x), p.stride(p.x, 0), p.stride(p.x, 1), p.stride(p.x, 2),
+                         ptr(p.target), p.stride(p.target, 0), p.stride(p.target, 1), p.stride(p.target, 2), p.spatial,
+                         p.classes, ptr(p.weight), p.smoothing, p.count, mut_ptr(y), mut_ptr(losses));
+  };
+  if (p.reduction == Reduction::none) {
+    const Tensor y = contiguous_target(out[0]);
+    elements(y, Tensor());
+    finish_target(out[0], y);
+    return;
+  }
+  if (p.reduction == Reduction::mean && in[0].numel() == 0) {  // the CPU's NaN, with no launch
+    Tensor(out[0]).fill_(std::numeric_limits<double>::quiet_NaN());
+    return;
+  }
+  const Tensor losses = f64_buffer(std::max<long long>(p.count, 1), in[0].device());
+  elements(Tensor(), losses);
+  ordered_reduce(losses, Tensor(), p.count, p.reduction == Reduction::mean ? 2 : 0, t, out[0], Tensor(), p.device);
+}
+
+// (grad_out, log_probs, target_probs, weight?) -> grad_log_probs
+void prob_loss_backward(Span in, Span out, const Attrs& attrs) {
+  NoGradGuard no_grad;
+  const ProbProblem p(in[1], in[2], in[3], attrs);
+  const Tensor gx = contiguous_target(out[0]);
+  const Tensor g = in[0].to(DType::f64).contiguous();
+  const double scale = p.reduction == Reduction::mean ? 1.0 / static_cast<double>(p.count) : 1.0;
+  kProbBackward.launch(out[0].dtype(), p.device, static_cast<long long>(gx.numel()), ptr(g),
+                       p.reduction == Reduction::none ? 1 : 0, scale, ptr(p.target), p.stride(p.target, 0),
+                       p.stride(p.target, 1), p.stride(p.target, 2), ptr(p.weight), p.smoothing, p.classes, p.spatial,
+                       static_cast<long long>(gx.numel()), mut_ptr(gx));
+  finish_target(out[0], gx);
+}
+
 // ---- mse_loss ----
 
 // The dtype the CPU kernel computes in: the inputs' result type, made floating.
@@ -329,6 +441,8 @@ struct Registrar {
     register_kernel("cross_entropy_loss", cuda, class_index_loss);
     register_kernel("nll_loss_backward", cuda, class_index_backward);
     register_kernel("cross_entropy_loss_backward", cuda, class_index_backward);
+    register_kernel("cross_entropy_prob_loss", cuda, prob_loss);
+    register_kernel("cross_entropy_prob_loss_backward", cuda, prob_loss_backward);
     register_kernel("mse_loss", cuda, mse);
     register_kernel("mse_loss_backward", cuda, mse_backward);
   }

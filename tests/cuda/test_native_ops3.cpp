@@ -1,6 +1,8 @@
 // The reductions and the scan that left the CUDA host fallback: var, std, logsumexp, all,
 // any and norm (kernels/cuda/reduce_composed.cpp, composed of eager CUDA ops), prod and
-// cumsum (kernels/cuda/prod_cumsum.cpp, hand-written). On a GPU each equals the CPU for
+// cumsum (kernels/cuda/prod_cumsum.cpp, hand-written); and scatter_add
+// (kernels/cuda/indexing.cpp) and cross_entropy_prob_loss with its backward
+// (kernels/cuda/loss.cpp), hand-written in the CPU's order: exact. On a GPU each equals the CPU for
 // several shapes, dtypes, dims and strided inputs. (That the kernels compile to sm_90
 // without a GPU is test_native_ops.cpp's [nvrtc] test.) Tolerances, relative:
 // - var, std, logsumexp, the finite norms, prod: the GPU's f64 sums and products group
@@ -13,6 +15,7 @@
 
 #include "core/ops/elementwise.h"
 #include "core/ops/indexing.h"
+#include "core/ops/loss.h"
 #include "core/ops/reduce.h"
 #include "cuda/cuda_testing.h"
 
@@ -219,4 +222,66 @@ TEST_CASE("cumsum on the GPU equals the CPU exactly in every dtype and dim", "[c
   KILN_CHECK_EQUAL(host(cumsum(gpu(x), 1, DType::f64)), cumsum(x, 1, DType::f64));
   KILN_CHECK_EQUAL(host(cumsum(gpu(x).t(), 0, DType::bf16)), cumsum(x.t(), 0, DType::bf16));
   CHECK_FALSE(on_host_fallback("cumsum"));
+}
+
+TEST_CASE("scatter_add on the GPU equals the CPU exactly in every dtype", "[cuda]") {
+  KILN_NEEDS_GPU();
+  // Repeated indices (sums in the index's order), an index smaller than src and the input,
+  // strided inputs, both dims, a 0-d input.
+  const Tensor index0 = from_vector<int64_t>({0, 4, 4, 1, 2, 0, 0, 3, 4, 4, 1, 1}, {3, 4});
+  const Tensor index1 = from_vector<int64_t>({6, 6, 0, 2, 1, 1, 6, 3, 5, 5, 5, 0}, {3, 4});
+  for (DType dt : testing::kAllDTypes) {
+    const Tensor x = is_floating(dt) ? values_in({5, 7}, -3, 3, dt, 15) : testing::small_integers({5, 7}, dt);
+    const Tensor src = is_floating(dt) ? values_in({4, 6}, -3, 3, dt, 16) : testing::small_integers({4, 6}, dt, 1);
+    for (int64_t dim : {0, 1}) {
+      const Tensor& index = dim == 0 ? index0 : index1;
+      INFO(fmt::format("{} dim {}", dt, dim));
+      KILN_CHECK_EQUAL(host(scatter_add(gpu(x), dim, gpu(index), gpu(src))), scatter_add(x, dim, index, src));
+      // Strided: the input transposed back, src every other row and column of a larger one.
+      const Tensor xt = gpu(x.t().contiguous()).t();
+      const Tensor big = is_floating(dt) ? values_in({8, 12}, -3, 3, dt, 17) : testing::small_integers({8, 12}, dt, 2);
+      const Tensor strided = big.slice(0, 0, 8, 2).slice(1, 0, 12, 2);
+      const Tensor strided_gpu = gpu(big).slice(0, 0, 8, 2).slice(1, 0, 12, 2);
+      KILN_CHECK_EQUAL(host(scatter_add(xt, dim, gpu(index), strided_gpu)), scatter_add(x, dim, index, strided));
+    }
+  }
+  const Tensor scalar = full({}, 2.5), one = full({}, 1.5);
+  KILN_CHECK_EQUAL(host(scatter_add(gpu(scalar), 0, gpu(zeros({}, {.dtype = DType::i64})), gpu(one))),
+                   scatter_add(scalar, 0, zeros({}, {.dtype = DType::i64}), one));
+  CHECK_FALSE(on_host_fallback("scatter_add"));
+}
+
+TEST_CASE("cross_entropy_prob_loss and its backward on the GPU equal the CPU exactly", "[cuda]") {
+  KILN_NEEDS_GPU();
+  // Every element's loss in f64 in class order and the reduced sum in the CPU's chunks: the
+  // same numbers. [3000, 5] has more elements than one 2048-element chunk.
+  for (DType dt : {DType::f32, DType::f64, DType::f16}) {
+    for (const Shape& shape : {Shape{6, 5}, Shape{2, 5, 3}, Shape{5}, Shape{3000, 5}}) {
+      const Tensor lp = values_in(shape, -4, 0, dt, 18);
+      const Tensor target = values_in(shape, 0, 1, DType::f32, 19);  // converted to lp's dtype by the op
+      for (bool weighted : {false, true}) {
+        for (double smoothing : {0.0, 0.1}) {
+          for (const char* reduction : {"none", "mean", "sum"}) {
+            INFO(fmt::format("{} {} weighted {} smoothing {} {}", dt, shape_str(shape), weighted, smoothing, reduction));
+            const Tensor w = values_in({5}, 0.5, 2, dt, 20);
+            auto options = [&](Device d) {
+              return CrossEntropyOptions{.weight = weighted ? w.to(d) : Tensor(), .reduction = reduction,
+                                         .label_smoothing = smoothing};
+            };
+            const Tensor want = cross_entropy_prob_loss(lp, target, options(Device::cpu()));
+            const Tensor got = cross_entropy_prob_loss(gpu(lp), gpu(target), options(Device::cuda()));
+            KILN_CHECK_EQUAL(host(got), want);
+            const Tensor g = values_in(want.shape(), -1, 1, dt, 21);
+            KILN_CHECK_EQUAL(host(cross_entropy_prob_loss_backward(gpu(g), gpu(lp), gpu(target), options(Device::cuda()))),
+                             cross_entropy_prob_loss_backward(g, lp, target, options(Device::cpu())));
+          }
+        }
+      }
+    }
+  }
+  // A strided target (a transposed copy's transpose).
+  const Tensor lp = values_in({4, 6}, -3, 0, DType::f64, 22), target = values_in({4, 6}, 0, 1, DType::f64, 23);
+  KILN_CHECK_EQUAL(host(cross_entropy_prob_loss(gpu(lp), gpu(target.t().contiguous()).t())),
+                   cross_entropy_prob_loss(lp, target));
+  for (const char* op : {"cross_entropy_prob_loss", "cross_entropy_prob_loss_backward"}) CHECK_FALSE(on_host_fallback(op));
 }
