@@ -1,10 +1,9 @@
-// Ops with no CUDA kernel yet run on the host: the inputs are copied to the CPU, the CPU
-// kernel runs, the results are copied back. Correct (the CPU's numbers exactly, including
-// the random ops, which read their Philox stream from their attributes) and slow (a device
-// synchronization and two copies per call), so that a model using such an op still runs on
-// the GPU. cuda::host_fallback_ops() lists the ops that have run this way, and
-// kiln-bench prints it, so a slow step says why. Each op leaves this list when it gets a
-// real CUDA kernel.
+// Calls a CUDA kernel does not cover run on the host (run_on_host, kernels/cuda/runtime.h;
+// today sort and topk of lines longer than one block sorts in shared memory): the inputs are
+// copied to the CPU, the CPU kernel runs, the results are copied back. Correct (the CPU's
+// numbers exactly) and slow (a device synchronization and two copies per call), so that a
+// model using such a call still runs on the GPU. cuda::host_fallback_ops() lists the ops
+// that have run this way, and kiln-bench prints it, so a slow step says why.
 #include <mutex>
 #include <set>
 
@@ -15,21 +14,17 @@
 namespace kiln::cuda {
 namespace {
 
-using Span = std::span<const Tensor>;
-
-constexpr const char* kOnHost[] = {"topk", "sort"};
-
 std::mutex g_mutex;
 std::set<std::string>& used() {
   static auto* s = new std::set<std::string>;
   return *s;
 }
 
-template <size_t I>
-void on_host(Span in, Span out, const Attrs& attrs) {
-  static const OpDef& op = find_op(kOnHost[I]);
+}  // namespace
+
+void run_on_host(const OpDef& op, std::span<const Tensor> in, std::span<const Tensor> out, const Attrs& attrs) {
   const KernelFn cpu = op.kernels[static_cast<int>(DeviceType::cpu)];
-  KILN_CHECK(cpu, "{}: no CUDA kernel, and no CPU kernel to fall back on", op.name);
+  KILN_CHECK(cpu, "{}: no CUDA kernel for this call, and no CPU kernel to fall back on", op.name);
   std::vector<Tensor> host_in, host_out;
   for (const Tensor& t : in) host_in.push_back(t.defined() ? t.to(Device::cpu()) : t);
   for (const Tensor& t : out) host_out.push_back(empty(t.shape(), {.dtype = t.dtype()}));
@@ -38,17 +33,6 @@ void on_host(Span in, Span out, const Attrs& attrs) {
   std::lock_guard lock(g_mutex);
   used().insert(op.name);
 }
-
-template <size_t... I>
-void register_all(std::index_sequence<I...>) {
-  (register_kernel(kOnHost[I], DeviceType::cuda, on_host<I>), ...);
-}
-
-struct Registrar {
-  Registrar() { register_all(std::make_index_sequence<std::size(kOnHost)>()); }
-} registrar;
-
-}  // namespace
 
 std::vector<std::string> host_fallback_ops() {
   std::lock_guard lock(g_mutex);

@@ -1,4 +1,4 @@
-// CUDA kernels of gather, scatter_add, index_select, embedding (+ backward), one_hot, flip, tril and triu,
+// CUDA kernels of gather, scatter_add, sort, topk, index_select, embedding (+ backward), one_hot, flip, tril and triu,
 // with kernels/cpu/indexing.cpp's semantics. The copying kernels move elements as values of
 // a type of their size (bit for bit, NaN payloads included), so one kernel per element size
 // serves every dtype; their results equal the CPU's exactly.
@@ -11,6 +11,9 @@
 //   order; here a thread owns a column of the weight rows q with q % groups == its group and
 //   walks the indices in order, so every sum has the CPU's order (exact, deterministic)
 //   with width * groups threads. 16-bit floats accumulate in f32 and round once at the end.
+// - sort / topk: a block per line sorts (value, position) pairs in shared memory by the
+//   CPU's order (NaN largest, ties by position): the CPU's permutation exactly; lines longer
+//   than 4096 elements go through the host fallback;
 // - one_hot writes i64 rows; flip reads a strided input with the flipped dims reversed;
 //   tril/triu copy or zero each element of a contiguous input.
 //
@@ -23,6 +26,7 @@
 #include "core/ops/factory.h"
 #include "core/registry.h"
 #include "kernels/cuda/hand_kernels.h"
+#include "kernels/cuda/runtime.h"
 
 namespace kiln::cuda {
 namespace {
@@ -140,6 +144,93 @@ void scatter_add(Span in, Span out, const Attrs& a) {
   const long long lines = index.numel() / index.size(dim);
   kScatterAdd.launch(o.dtype(), o.device().index, lines, o.data_ptr(), src.data_ptr(), index.data_ptr(), lines,
                      static_cast<int>(o.dim()), static_cast<int>(dim), static_cast<long long>(o.size(dim)), dims);
+}
+
+// sort / topk: one block per line along dim sorts (value, position) pairs in shared memory
+// with a bitonic network under the CPU's order (NaN largest, ties by position), a strict
+// total order, so the permutation is the CPU's stable one exactly; the first k are written.
+// Lines longer than kSortMax run through the host fallback.
+constexpr long long kSortMax = 4096;
+const KernelFamily kSortLines("sort_lines", R"(
+typedef SCALAR T;
+typedef COMPUTE C;
+__device__ bool before(C u, int i, C v, int j, int n, bool descending) {
+  if (i >= n || j >= n) return i < j;  // padding goes last
+  const bool u_nan = u != u, v_nan = v != v;
+  if (u_nan != v_nan) return descending ? u_nan : v_nan;
+  if (!u_nan && u != v) return descending ? u > v : u < v;
+  return i < j;
+}
+extern "C" __global__ void NAME(const T* x, long long size, long long inner, long long k, int padded, int descending,
+                                T* values, long long* indices) {
+  __shared__ C key[4096];
+  __shared__ int pos[4096];
+  const long long slice = blockIdx.x / inner, col = blockIdx.x % inner;
+  const T* s = x + slice * size * inner + col;
+  const int n = (int)size;
+  for (int j = threadIdx.x; j < padded; j += blockDim.x) {
+    pos[j] = j;
+    key[j] = j < n ? (C)s[j * inner] : C(0);
+  }
+  __syncthreads();
+  for (int width = 2; width <= padded; width <<= 1)
+    for (int step = width >> 1; step > 0; step >>= 1) {
+      for (int a = threadIdx.x; a < padded; a += blockDim.x) {
+        const int b = a ^ step;
+        if (b <= a) continue;
+        // Ascending runs where (a & width) == 0: the earlier pair element must come first.
+        const bool swap = (a & width) == 0 ? before(key[b], pos[b], key[a], pos[a], n, descending)
+                                           : before(key[a], pos[a], key[b], pos[b], n, descending);
+        if (swap) {
+          const C kv = key[a];
+          key[a] = key[b];
+          key[b] = kv;
+          const int pv = pos[a];
+          pos[a] = pos[b];
+          pos[b] = pv;
+        }
+      }
+      __syncthreads();
+    }
+  T* dv = values + slice * k * inner + col;
+  long long* di = indices + slice * k * inner + col;
+  for (int j = threadIdx.x; j < k; j += blockDim.x) {
+    dv[j * inner] = s[pos[j] * inner];
+    di[j * inner] = pos[j];
+  }
+}
+)",
+                                {DType::f32, DType::f64, DType::f16, DType::bf16, DType::i64, DType::i32, DType::u8,
+                                 DType::boolean});
+
+// The first k of each line of in along dim, ordered (descending: largest first), with their
+// positions, into values and indices.
+void sorted_lines(const OpDef& op, Span in, Span out, const Attrs& a, long long k, bool descending) {
+  const Tensor x = at_least_1d(in[0]).contiguous();
+  const int64_t dim = wrap_dim(a.i("dim"), x.dim(), op.name.c_str());
+  const long long size = x.size(dim);
+  if (k == 0 || x.numel() == 0) return;
+  if (size > kSortMax) return run_on_host(op, in, out, a);
+  long long inner = 1;
+  for (int64_t d = dim + 1; d < x.dim(); ++d) inner *= x.size(d);
+  int padded = 1;
+  while (padded < size) padded *= 2;
+  const Contiguous values(out[0]), indices(out[1]);
+  kSortLines.launch(x.dtype(), x.device().index, (x.numel() / size) * KernelFamily::kBlock, x.data_ptr(), size, inner, k,
+                    padded, static_cast<int>(descending), values.ptr(), indices.ptr());
+  values.finish();
+  indices.finish();
+}
+
+void topk(Span in, Span out, const Attrs& a) {
+  static const OpDef& op = find_op("topk");
+  sorted_lines(op, in, out, a, a.i("k"), a.b("largest"));
+}
+
+void sort(Span in, Span out, const Attrs& a) {
+  static const OpDef& op = find_op("sort");
+  const long long size = in[0].dim() == 0 ? 1 : in[0].size(wrap_dim(a.i("dim"), in[0].dim(), "sort"));
+  sorted_lines(op, in, out, a, size, a.b("descending"));
 }
 
 void gather(Span in, Span out, const Attrs& a) {
@@ -345,6 +436,8 @@ struct Registrar {
     constexpr auto cuda = DeviceType::cuda;
     register_kernel("gather", cuda, gather);
     register_kernel("scatter_add", cuda, scatter_add);
+    register_kernel("topk", cuda, topk);
+    register_kernel("sort", cuda, sort);
     register_kernel("index_select", cuda, index_select);
     register_kernel("embedding", cuda, embedding);
     register_kernel("embedding_backward", cuda, embedding_backward);

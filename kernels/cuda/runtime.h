@@ -11,6 +11,7 @@
 
 #include "core/cuda.h"
 #include "core/error.h"
+#include "core/registry.h"
 
 namespace kiln::cuda {
 
@@ -52,5 +53,10 @@ struct LaunchShape {
 };
 // Launches on `device`'s current stream; `args` points at each parameter's value.
 void launch(const LoadedKernel& kernel, const LaunchShape& shape, void** args, int device);
+
+// The host fallback (host_fallback.cpp) for a call a CUDA kernel does not cover: copies the
+// inputs to the CPU, runs op's CPU kernel, copies the results into `out`, and lists the op
+// in host_fallback_ops(). Correct and slow (a synchronization, copies both ways).
+void run_on_host(const OpDef& op, std::span<const Tensor> in, std::span<const Tensor> out, const Attrs& attrs);
 
 }  // namespace kiln::cuda

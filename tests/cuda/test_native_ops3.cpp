@@ -1,7 +1,7 @@
 // The reductions and the scan that left the CUDA host fallback: var, std, logsumexp, all,
 // any and norm (kernels/cuda/reduce_composed.cpp, composed of eager CUDA ops), prod and
 // cumsum (kernels/cuda/prod_cumsum.cpp, hand-written); and scatter_add
-// (kernels/cuda/indexing.cpp) and cross_entropy_prob_loss with its backward
+// and sort/topk (kernels/cuda/indexing.cpp) and cross_entropy_prob_loss with its backward
 // (kernels/cuda/loss.cpp), hand-written in the CPU's order: exact. On a GPU each equals the CPU for
 // several shapes, dtypes, dims and strided inputs. (That the kernels compile to sm_90
 // without a GPU is test_native_ops.cpp's [nvrtc] test.) Tolerances, relative:
@@ -284,4 +284,41 @@ TEST_CASE("cross_entropy_prob_loss and its backward on the GPU equal the CPU exa
   KILN_CHECK_EQUAL(host(cross_entropy_prob_loss(gpu(lp), gpu(target.t().contiguous()).t())),
                    cross_entropy_prob_loss(lp, target));
   for (const char* op : {"cross_entropy_prob_loss", "cross_entropy_prob_loss_backward"}) CHECK_FALSE(on_host_fallback(op));
+}
+
+TEST_CASE("sort and topk on the GPU give the CPU's values and positions exactly", "[cuda]") {
+  KILN_NEEDS_GPU();
+  // Small integers repeat (ties keep their positions' order), NaN sorts as the largest, both
+  // directions, every dim, a strided input, k from 1 to the whole line.
+  for (DType dt : testing::kAllDTypes) {
+    for (const Shape& shape : {Shape{6, 37}, Shape{4, 5, 33}, Shape{300}, Shape{}}) {
+      Tensor x = testing::small_integers(shape, dt);
+      if (is_floating(dt) && x.numel() > 3) x.flatten().slice(0, 0, x.numel(), 7).fill_(std::nan(""));
+      for (const Pair& p : layouts(x)) {
+        for (int64_t dim = -std::max<int64_t>(1, p.cpu.dim()); dim < std::max<int64_t>(1, p.cpu.dim()); ++dim) {
+          for (bool descending : {false, true}) {
+            INFO(fmt::format("{} {} {} dim {} descending {}", dt, p.cpu.meta_str(), p.what, dim, descending));
+            const auto [v, i] = sort(p.cpu, dim, descending);
+            const auto [gv, gi] = sort(p.cuda, dim, descending);
+            KILN_CHECK_EQUAL(host(gi), i);
+            KILN_CHECK_EQUAL(host(gv), v);  // NaN equals NaN here
+            const int64_t size = p.cpu.dim() == 0 ? 1 : p.cpu.size(dim);
+            for (int64_t k : {int64_t{1}, size / 2, size}) {
+              if (k == 0) continue;
+              const auto [tv, ti] = topk(p.cpu, k, dim, descending);
+              const auto [gtv, gti] = topk(p.cuda, k, dim, descending);
+              KILN_CHECK_EQUAL(host(gti), ti);
+              KILN_CHECK_EQUAL(host(gtv), tv);
+            }
+          }
+        }
+      }
+    }
+  }
+  CHECK_FALSE(on_host_fallback("sort"));
+  CHECK_FALSE(on_host_fallback("topk"));
+  // A line longer than one block sorts: the host fallback, the same answer.
+  const Tensor long_line = values_in({5000}, -1, 1, DType::f32, 24);
+  KILN_CHECK_EQUAL(host(sort(gpu(long_line)).second), sort(long_line).second);
+  CHECK(on_host_fallback("sort"));
 }
