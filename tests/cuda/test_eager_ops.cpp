@@ -181,6 +181,20 @@ TEST_CASE("factory ops on the GPU give the CPU's values", "[cuda]") {
   KILN_CHECK_EQUAL(host(full({2, 3}, 1.5, {.device = d})), full({2, 3}, 1.5));
   KILN_CHECK_EQUAL(host(arange(0, 10, 1, {.device = d})), arange(0, 10));
   KILN_CHECK_EQUAL(host(eye(3, std::nullopt, {.device = d})), eye(3));
+  // Every dtype, the arithmetic of the CPU kernels (generated on the GPU: no copy from the
+  // host, which a CUDA graph could not hold).
+  for (DType dt : testing::kAllDTypes) {
+    INFO(name(dt));
+    if (dt != DType::boolean) {
+      KILN_CHECK_EQUAL(host(arange(-3, 40, 3, {.dtype = dt, .device = d})), arange(-3, 40, 3, {.dtype = dt}));
+      if (is_floating(dt))
+        KILN_CHECK_EQUAL(host(arange(0.1, 7.3, 0.7, {.dtype = dt, .device = d})), arange(0.1, 7.3, 0.7, {.dtype = dt}));
+    }
+    KILN_CHECK_EQUAL(host(linspace(-1.5, 2.25, 17, {.dtype = dt, .device = d})), linspace(-1.5, 2.25, 17, {.dtype = dt}));
+    KILN_CHECK_EQUAL(host(eye(4, 6, {.dtype = dt, .device = d})), eye(4, 6, {.dtype = dt}));
+  }
+  KILN_CHECK_EQUAL(host(linspace(2, 3, 1, {.device = d})), linspace(2, 3, 1));
+  CHECK_THROWS_WITH(arange(0, 3, 1, {.dtype = DType::boolean, .device = d}), Catch::Contains("bool"));
   Generator g1(5), g2(5);
   KILN_CHECK_EQUAL(host(randn({100}, {.device = d}, &g1)), randn({100}, {}, &g2));
   KILN_CHECK_EQUAL(host(rand({7}, {.device = d}, &g1)), rand({7}, {}, &g2));
