@@ -270,6 +270,8 @@ std::shared_ptr<Program> install_backend(Trace& t, const CompileOptions& options
       r = std::make_shared<GraphReplay>(program, staged_inputs(t), capturable ? pool_of(program->gpu()) : nullptr);
     }
     *replay = r;
+    // (A replayed result that must be a copy of its own is copied twice: rare, and the
+    // uncaptured runs need the copy as the default mode does.)
     run = [r](const std::vector<Tensor>& inputs) { return r->run(inputs); };
   }
   t.runner = [run, copy](const std::vector<Tensor>& inputs) {
@@ -480,15 +482,19 @@ std::vector<const Trace*> CompiledFunction::traces() const {
 
 CudaGraphStats CompiledFunction::cuda_graphs() const {
   CudaGraphStats stats;
-  if (!state_) return stats;
+  if (!state_ || state_->options.mode != "reduce-overhead") return stats;
+  auto skip = [&](const std::string& why) {
+    if (std::find(stats.skipped.begin(), stats.skipped.end(), why) == stats.skipped.end()) stats.skipped.push_back(why);
+  };
+  if (state_->options.backend == "interpreter") skip("the interpreter backend runs graphs uncaptured");
+  if (state_->eager_fallbacks > 0) skip("calls past the cache limit run eagerly");
   for (const Entry& e : state_->entries) {
+    if (e.eager()) skip("a graph break: split runs are not captured");
     if (!e.replay) continue;
     stats.captures += e.replay->captures();
     stats.replays += e.replay->replays();
     stats.uncaptured_runs += e.replay->uncaptured_runs();
-    const std::string& why = e.replay->skip_reason();
-    if (!why.empty() && std::find(stats.skipped.begin(), stats.skipped.end(), why) == stats.skipped.end())
-      stats.skipped.push_back(why);
+    if (!e.replay->skip_reason().empty()) skip(e.replay->skip_reason());
   }
   for (const auto& [device, pool] : state_->pools) stats.pool_bytes += pool->reserved_bytes();
   return stats;

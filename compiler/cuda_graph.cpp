@@ -3,9 +3,10 @@
 
 #include <fmt/format.h>
 
-#include <unordered_set>
+#include <unordered_map>
 
 #include "core/error.h"
+#include "core/grad_mode.h"
 
 namespace kiln::compiler {
 
@@ -84,11 +85,13 @@ bool GraphReplay::same_memory(const std::vector<Tensor>& inputs) const {
 }
 
 void GraphReplay::capture(const std::vector<Tensor>& inputs) {
-  // A staged input gets memory of its own, so inputs sharing memory (which the program may
-  // rely on) would stop sharing it.
-  std::unordered_set<const StorageImpl*> storages;
+  // A staged input gets memory of its own, so a staged input sharing memory with another
+  // input (which the program may rely on) would stop sharing it.
+  std::unordered_map<const StorageImpl*, int> users;
+  for (const Tensor& t : inputs)
+    if (t.defined()) ++users[t.storage().get()];
   for (size_t i = 0; i < inputs.size(); ++i)
-    KILN_CHECK(!inputs[i].defined() || storages.insert(inputs[i].storage().get()).second,
+    KILN_CHECK(!staged_[i] || !inputs[i].defined() || users[inputs[i].storage().get()] == 1,
                "input \"{}\" shares memory with another input", program_->graph().node(program_->graph().inputs()[i]).name);
   static_inputs_.assign(inputs.size(), Tensor());
   for (size_t i = 0; i < inputs.size(); ++i) {
@@ -101,6 +104,7 @@ void GraphReplay::capture(const std::vector<Tensor>& inputs) {
     KILN_CHECK(in.is_contiguous(format), "input \"{}\" ({}) is not dense in memory",
                program_->graph().node(program_->graph().inputs()[i]).name, in.meta_str());
     static_inputs_[i] = make_tensor(in.shape(), in.dtype(), in.device(), format);
+    static_inputs_[i].impl()->wrapped_number = in.is_wrapped_number();
     static_inputs_[i].copy_(in);
   }
   std::unique_ptr<GraphRecorder> graph = make_recorder_();
@@ -129,6 +133,7 @@ std::vector<Tensor> GraphReplay::results(const std::vector<Tensor>& inputs) cons
 }
 
 std::vector<Tensor> GraphReplay::run(const std::vector<Tensor>& inputs) {
+  NoGradGuard no_grad;  // the copies in and out record no autograd history
   if (skip_reason_.empty() && program_->profiling())
     skip_reason_ = "profiling times every step, which a graph cannot";
   if (!skip_reason_.empty()) return uncaptured(inputs);
@@ -137,8 +142,9 @@ std::vector<Tensor> GraphReplay::run(const std::vector<Tensor>& inputs) {
   if (!warmed_up_) {
     // The first run compiles what compiles lazily (eager kernels, cuDNN's algorithm choice,
     // which times candidates when benchmarking) outside any capture.
+    std::vector<Tensor> out = uncaptured(inputs);
     warmed_up_ = true;
-    return uncaptured(inputs);
+    return out;
   }
   if (graph_ && !same_memory(inputs)) drop_graph();
   if (!graph_) {
@@ -159,8 +165,11 @@ std::vector<Tensor> GraphReplay::run(const std::vector<Tensor>& inputs) {
   }
   graph_->replay();
   ++replays_;
-  for (size_t i = 0; i < inputs.size(); ++i)
-    if (staged_[i] && written_[i] && inputs[i].defined()) Tensor(inputs[i]).copy_(static_inputs_[i]);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!written_[i] || !inputs[i].defined()) continue;
+    if (staged_[i]) Tensor(inputs[i]).copy_(static_inputs_[i]);  // (copy_ bumps its version)
+    else bump_version(inputs[i]);  // written by the graph in place, as the program's run would
+  }
   return results(inputs);
 }
 

@@ -366,8 +366,15 @@ std::vector<Tensor> Program::run(const std::vector<Tensor>& inputs) const {
   const std::vector<Node>& nodes = g.nodes();
   std::vector<std::vector<Tensor>> values(nodes.size());
   for (size_t i = 0; i < g.inputs().size(); ++i) values[static_cast<size_t>(g.inputs()[i].node)] = {inputs[i]};
+  if (constants_.empty()) {
+    // Made once: a constant on a GPU is a host-to-device copy, which a captured CUDA graph
+    // could not repeat (compiler/cuda_graph.h); no step writes a constant.
+    constants_.resize(nodes.size());
+    for (size_t n = 0; n < nodes.size(); ++n)
+      if (nodes[n].kind == NodeKind::constant) constants_[n] = constant_tensor(nodes[n]);
+  }
   for (size_t n = 0; n < nodes.size(); ++n) {
-    if (nodes[n].kind == NodeKind::constant) values[n] = {constant_tensor(nodes[n])};
+    if (nodes[n].kind == NodeKind::constant) values[n] = {constants_[n]};
     KILN_CHECK(nodes[n].kind != NodeKind::input || !values[n].empty(),
                "Program::run: node {} is an input missing from the graph's inputs", n);
   }

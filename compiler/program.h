@@ -115,6 +115,7 @@ class Program {
   std::vector<std::vector<int32_t>> reuse_input_;
   int64_t planned_peak_bytes_ = 0;
   int gpu_ = -1;  // the GPU the graph's tensors are on (-1: none): profiling waits for it
+  mutable std::vector<Tensor> constants_;  // per node: a constant node's tensor, made at the first run
   bool profiling_ = false;
   mutable std::vector<double> step_ms_;  // per step: total milliseconds while profiling
   mutable int64_t profiled_runs_ = 0;

@@ -135,10 +135,14 @@ class MemPool {
   int device_ = 0;
 };
 
-// A CUDA graph: the work that `record` queues on its device's current stream, captured
-// (not run) and replayed with the same kernels, arguments and buffers. Capture fails with a
-// kiln::Error when `record` does what a capture cannot hold: wait for the GPU, read a value
-// back to the host, copy from pageable host memory; nothing `record` queued has run then.
+// A CUDA graph: the work that `record` queues on the device (kiln's ops on the current
+// stream), captured (not run) and replayed with the same kernels, arguments and buffers.
+// The capture runs on a private stream that `record` sees as current, so other threads'
+// work stays out; replays run on the device's current stream as it was at capture (a
+// kiln::Error if it is another then). Capture fails with a kiln::Error when `record` does
+// what a capture cannot hold: wait for the GPU, copy between the host and the device
+// (kiln refuses it: a replay would read host memory that has changed); nothing `record`
+// queued has run then.
 class CudaGraph {
  public:
   CudaGraph() = default;
@@ -156,6 +160,7 @@ class CudaGraph {
   void* exec_ = nullptr;  // cudaGraphExec_t
   int device_ = 0;
   int64_t nodes_ = 0;
+  void* stream_ = nullptr;  // the stream replays run on (the device's kiln stream at capture)
 };
 
 }  // namespace kiln::cuda

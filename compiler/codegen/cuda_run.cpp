@@ -4,7 +4,11 @@
 
 #if defined(KILN_HAVE_CUDA)
 
+#include <map>
 #include <mutex>
+#include <string>
+
+#include <fmt/format.h>
 
 #include "compiler/codegen/cuda.h"
 #include "compiler/codegen/run.h"
@@ -38,6 +42,31 @@ std::vector<CudaFunction> load_cuda_kernels(const std::vector<const Kernel*>& ke
   return out;
 }
 
+namespace {
+
+// A one-element CPU tensor (an lr, a loss weight, the 2 of `x * 2`) on `device`: one device
+// copy per device, dtype, shape and value, kept for the life of the process, so that the
+// kernels reading it, and CUDA graphs that captured them, can run at any later time without
+// a host-to-device copy (a capture cannot hold one). Past kMaxConstants values, each call
+// copies anew (a capture then fails cleanly: kernels/cuda/runtime.cpp refuses the copy).
+Tensor device_constant(const Tensor& t, Device device) {
+  constexpr size_t kMaxConstants = 4096;
+  static std::mutex mutex;
+  static auto* cache = new std::map<std::string, Tensor>;  // never destroyed: outlives graphs
+  std::string key = fmt::format("{}|{}|{}|{}|{}|", device.index, t.dtype(), shape_str(t.shape()),
+                                shape_str(t.strides()), t.is_wrapped_number());
+  key.append(static_cast<const char*>(t.data_ptr()), t.itemsize());
+  std::lock_guard lock(mutex);
+  auto it = cache->find(key);
+  if (it != cache->end()) return it->second;
+  Tensor copy = t.to(device);
+  copy.impl()->wrapped_number = t.is_wrapped_number();
+  if (cache->size() < kMaxConstants) cache->emplace(std::move(key), copy);
+  return copy;
+}
+
+}  // namespace
+
 void run_cuda_kernel(const CudaFunction& function, const Kernel& kernel, std::span<const Tensor> inputs,
                      std::span<const Tensor> outputs) {
   KILN_CHECK(function.handle != nullptr, "run_cuda_kernel {}: the kernel is not loaded", kernel.name);
@@ -48,7 +77,7 @@ void run_cuda_kernel(const CudaFunction& function, const Kernel& kernel, std::sp
     if (t.defined() && t.device() != device) {
       KILN_CHECK(t.device().is_cpu() && t.numel() == 1, "run_cuda_kernel {}: input {} is not on {}", kernel.name,
                  t.meta_str(), device);
-      t = t.to(device);  // a CPU scalar (an lr, a loss weight): copied over
+      t = device_constant(t, device);  // a CPU scalar (an lr, a loss weight, a wrapped number)
     }
   KernelCall call = kernel_call(kernel, bound, outputs);
   if (call.args.empty()) call.args.push_back(0);  // the argument struct is never empty

@@ -201,8 +201,10 @@ struct DeviceCache {
   std::unordered_map<void*, Block> live;
   std::map<std::pair<cudaStream_t, size_t>, std::vector<void*>> free_blocks;
   std::unordered_map<int64_t, PoolBlocks> pools;
-  // While a CudaGraph captures: the stream it captures and the pool its allocations use.
-  cudaStream_t capture_stream = nullptr;
+  // While a CudaGraph captures: the private stream it captures (only the capturing thread
+  // has it as its current stream), the stream its replays will run on (the device's kiln
+  // stream: pool blocks are ordered on it), and the pool its allocations use.
+  cudaStream_t capture_stream = nullptr, replay_stream = nullptr;
   int64_t capture_pool = 0;
   AllocatorStats stats;
 };
@@ -248,11 +250,13 @@ void* cuda_allocate(size_t nbytes, int device) {
   DeviceCache& c = caches()[static_cast<size_t>(device)];
   ++c.stats.allocations;
   // During a capture the capturing stream allocates from the graph's pool: its own free
-  // blocks first, then blocks of the shared cache (which the pool then owns).
+  // blocks first, then blocks the shared cache holds for the replay stream (which the pool
+  // then owns). Its blocks belong to the replay stream, where the graph will use them.
   const bool capturing = c.capture_pool != 0 && stream == c.capture_stream;
   PoolBlocks* pool = capturing ? &c.pools.at(c.capture_pool) : nullptr;
+  const cudaStream_t owner = capturing ? c.replay_stream : stream;
   auto take = [&](void* p, bool from_pool) {
-    c.live[p] = {size, stream, capturing ? c.capture_pool : 0};
+    c.live[p] = {size, owner, capturing ? c.capture_pool : 0};
     if (pool && !from_pool) pool->bytes += static_cast<int64_t>(size);
     ++c.stats.cache_hits;
     note_allocated(c.stats, static_cast<int64_t>(size));
@@ -262,7 +266,7 @@ void* cuda_allocate(size_t nbytes, int device) {
     auto it = pool->free_blocks.find(size);
     if (void* p = pop(it == pool->free_blocks.end() ? nullptr : &it->second)) return take(p, true);
   }
-  auto it = c.free_blocks.find({stream, size});
+  auto it = c.free_blocks.find({owner, size});
   if (void* p = pop(it == c.free_blocks.end() ? nullptr : &it->second)) return take(p, false);
   DeviceGuard guard(device);
   void* p = nullptr;
@@ -295,7 +299,7 @@ void* cuda_allocate(size_t nbytes, int device) {
   c.stats.reserved += static_cast<int64_t>(size);
   c.stats.peak_reserved = std::max(c.stats.peak_reserved, c.stats.reserved);
   if (pool) pool->bytes += static_cast<int64_t>(size);
-  c.live[p] = {size, stream, capturing ? c.capture_pool : 0};
+  c.live[p] = {size, owner, capturing ? c.capture_pool : 0};
   note_allocated(c.stats, static_cast<int64_t>(size));
   return p;
 }
@@ -331,6 +335,16 @@ void cuda_copy_bytes(void* dst, Device dst_device, const void* src, Device src_d
     KILN_CUDA_CHECK(cudaStreamSynchronize(stream_of(src_device.index)), "to_device");
     KILN_CUDA_CHECK(cudaMemcpyPeerAsync(dst, dst_device.index, src, src_device.index, nbytes, stream), "to_device");
     return;
+  }
+  if (dst_device.is_cpu() || src_device.is_cpu()) {
+    // A capture would record the copy with the host address, and every replay would read
+    // (or write) whatever that host memory holds by then: refuse, so the capture fails.
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    KILN_CUDA_CHECK(cudaStreamIsCapturing(stream, &status), "to_device");
+    KILN_CHECK(status == cudaStreamCaptureStatusNone,
+               "to_device: a copy between the host and cuda:{} inside a CUDA graph capture (a graph cannot hold "
+               "it: its replays would read host memory that has changed)",
+               device);
   }
   const cudaMemcpyKind kind = dst_device.is_cpu()   ? cudaMemcpyDeviceToHost
                               : src_device.is_cpu() ? cudaMemcpyHostToDevice
@@ -436,29 +450,46 @@ int64_t MemPool::reserved_bytes() const {
 
 CudaGraph::~CudaGraph() {
   if (!exec_) return;
-  // A replay may still be queued: let it finish (errors ignored, as at process exit).
+  // Safe with a replay in flight: CUDA frees the executable graph when it completes. Errors
+  // are ignored (at process exit the runtime may be gone).
   DeviceGuard guard(device_);
-  cudaDeviceSynchronize();
   cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_));
   cudaGetLastError();
 }
+
+namespace {
+
+// The private stream each device's captures run on: no other thread queues work there, so
+// nothing but the capturing thread's work enters a graph.
+cudaStream_t capture_stream_of(int device) {
+  static std::array<cudaStream_t, kMaxDevices> streams{};
+  static std::mutex mutex;
+  std::lock_guard lock(mutex);
+  cudaStream_t& s = streams[static_cast<size_t>(device)];
+  if (!s) KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cuda::CudaGraph::capture");
+  return s;
+}
+
+}  // namespace
 
 void CudaGraph::capture(MemPool& pool, const std::function<void()>& record) {
   KILN_CHECK(!exec_, "cuda::CudaGraph::capture: the graph is captured already");
   const int device = pool.device();
   require_device(device, "cuda::CudaGraph::capture");
   DeviceGuard guard(device);
-  const cudaStream_t stream = stream_of(device);
+  const cudaStream_t replay_stream = stream_of(device);  // where replays will run
+  const cudaStream_t stream = capture_stream_of(device);
   {
     std::lock_guard lock(g_alloc_mutex);
     DeviceCache& c = caches()[static_cast<size_t>(device)];
     KILN_CHECK(c.capture_pool == 0, "cuda::CudaGraph::capture: cuda:{} is capturing another graph", device);
     PoolBlocks& blocks = c.pools.at(pool.id());
-    if (!blocks.stream) blocks.stream = stream;
-    KILN_CHECK(blocks.stream == stream,
-               "cuda::CudaGraph::capture: the pool's graphs were captured on another stream of cuda:{}", device);
+    if (!blocks.stream) blocks.stream = replay_stream;
+    KILN_CHECK(blocks.stream == replay_stream,
+               "cuda::CudaGraph::capture: the pool's graphs replay on another stream of cuda:{}", device);
     c.capture_pool = pool.id();
     c.capture_stream = stream;
+    c.replay_stream = replay_stream;
   }
   struct EndPool {
     int device;
@@ -466,11 +497,14 @@ void CudaGraph::capture(MemPool& pool, const std::function<void()>& record) {
       std::lock_guard lock(g_alloc_mutex);
       DeviceCache& c = caches()[static_cast<size_t>(device)];
       c.capture_pool = 0;
-      c.capture_stream = nullptr;
+      c.capture_stream = c.replay_stream = nullptr;
     }
   } end_pool{device};
-  // Thread-local: a call of this thread that a capture cannot hold fails (and so does the
-  // capture) instead of running outside the graph; other threads are not affected.
+  // The capturing thread's kiln ops go to the capture stream while `record` runs.
+  const StreamGuard on_capture_stream(Stream{stream, device});
+  // Thread-local: an unsafe call of this thread (one a capture cannot hold) fails, and so
+  // does the capture, instead of running outside the graph; other threads' unsafe calls are
+  // not refused, and their work cannot enter the graph (it goes to other streams).
   KILN_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "cuda::CudaGraph::capture");
   auto abandon = [&] {
     cudaGraph_t partial = nullptr;
@@ -503,12 +537,17 @@ void CudaGraph::capture(MemPool& pool, const std::function<void()>& record) {
   exec_ = exec;
   device_ = device;
   nodes_ = static_cast<int64_t>(nodes);
+  stream_ = replay_stream;
 }
 
 void CudaGraph::replay() const {
   KILN_CHECK(exec_, "cuda::CudaGraph::replay: nothing was captured");
+  // The pool's blocks are ordered on the stream the graph was captured for; the work around
+  // a replay (copies in and out) runs on the current stream: they must be the same.
+  KILN_CHECK(stream_of(device_) == stream_,
+             "cuda::CudaGraph::replay: cuda:{}'s current stream is not the one the graph was captured for", device_);
   DeviceGuard guard(device_);
-  KILN_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), stream_of(device_)),
+  KILN_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), static_cast<cudaStream_t>(stream_)),
                   "cuda::CudaGraph::replay");
 }
 

@@ -184,6 +184,11 @@ TEST_CASE("GraphReplay copies arguments and written inputs, captures again when 
   expect(kept, {0, 14, 28, 42});
   CHECK(replay.captures() == 1);
   CHECK(replay.replays() == 2);
+  // A replay writes s in place as the program's run does: its version moves on.
+  const uint64_t version = s.storage()->version.load();
+  replay.run({x0, s});
+  CHECK(s.storage()->version > version);
+  expect(s, {0, 15, 30, 45});
   // A new s: captured again, for the new memory.
   Tensor s2 = ones({4});
   out = replay.run({x0, s2});
@@ -199,7 +204,19 @@ TEST_CASE("GraphReplay copies arguments and written inputs, captures again when 
   CHECK_THAT(replay.skip_reason(), Contains("kept moving"));
   CHECK(replay.uncaptured_runs() >= 2);
 
-  // Inputs sharing memory: not captured (a staged copy would stop sharing it).
+  // Unstaged inputs may share memory (they are used where they are): two halves of one
+  // buffer, captured, replayed.
+  const Tensor halves = arange(0, 8, 1, {.dtype = DType::f32});
+  const Tensor lo = halves.slice(0, 0, 4), hi = halves.slice(0, 4, 8);
+  const TracedFunction two = [&lo, &hi](const Args& a) -> Args { return {a[0] + lo * hi}; };
+  Trace t2 = trace(two, {x0});
+  auto program2 = std::make_shared<Program>(run_pipeline(t2.graph, default_compile_passes(), nullptr, false));
+  GraphReplay sharing(program2, staged_inputs(t2), [&captures] { return std::make_unique<CpuRecorder>(&captures); });
+  for (int call = 0; call < 3; ++call) expect(sharing.run(t2.inputs_for({x0})).at(0), {0, 6, 14, 24});
+  CHECK(sharing.captures() == 1);
+  CHECK(sharing.skip_reason().empty());
+
+  // A staged input sharing memory with another: not captured (its copy would stop sharing it).
   GraphReplay shared(program, staged, [&captures] { return std::make_unique<CpuRecorder>(&captures); });
   Tensor both = zeros({4});
   shared.run({both, both});

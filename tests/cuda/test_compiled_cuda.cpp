@@ -149,6 +149,17 @@ TEST_CASE("a CUDA graph replays captured work on new contents; a capture that re
   CHECK_THROWS_WITH(bad.capture(pool, [&] { (void)sum(x).item<double>(); }), Contains("cuda::CudaGraph::capture"));
   CHECK(!bad.captured());
   check_relative("the device works after a failed capture", relu(x) + x, y, 0);
+  // A copy from the host is refused (a replay would read host memory that has changed)...
+  cuda::CudaGraph copies;
+  const Tensor host_values = randn({1000});
+  CHECK_THROWS_WITH(copies.capture(pool, [&] { (void)host_values.to(gpu); }), Contains("inside a CUDA graph capture"));
+  // ...but a number in an eager op is a device constant kept from its first use.
+  Tensor z = x * 2.5;
+  cuda::CudaGraph scaled;
+  scaled.capture(pool, [&] { z = x * 2.5; });
+  x.copy_(randn({1000}).to(gpu));
+  scaled.replay();
+  check_relative("a captured multiplication by a number", z, x * 2.5, 0);
 }
 
 TEST_CASE("reduce-overhead replays a compiled function as a CUDA graph", "[cuda]") {
