@@ -261,7 +261,11 @@ std::shared_ptr<Program> install_backend(Trace& t, const CompileOptions& options
   std::function<std::vector<Tensor>(const std::vector<Tensor>&)> run = [program](const std::vector<Tensor>& inputs) {
     return program->run(inputs);
   };
-  if (options.mode == "reduce-overhead") {
+  if (options.mode == "reduce-overhead" || options.mode == "max-autotune") {
+    // max-autotune: the CUDA kernels' launches timed at their first run, and cuDNN's
+    // algorithms timed (benchmark mode) for every run of the program.
+    const bool autotune = options.mode == "max-autotune";
+    if (autotune && program->gpu() >= 0) program->set_autotune(true);
     std::shared_ptr<GraphReplay> r;
     if (options.graph_recorder) {
       r = std::make_shared<GraphReplay>(program, staged_inputs(t), options.graph_recorder);
@@ -269,6 +273,7 @@ std::shared_ptr<Program> install_backend(Trace& t, const CompileOptions& options
       const bool capturable = program->cuda_graph_blocker().empty();
       r = std::make_shared<GraphReplay>(program, staged_inputs(t), capturable ? pool_of(program->gpu()) : nullptr);
     }
+    r->set_time_library_algorithms(autotune);
     *replay = r;
     // (A replayed result that must be a copy of its own is copied twice: rare, and the
     // uncaptured runs need the copy as the default mode does.)
@@ -303,11 +308,15 @@ std::string value_text(const Graph& graph, Value v) {
   return fmt::format("%{} {}", graph.value_number(v), graph.type(v).str());
 }
 
+// Whether the mode replays CUDA graphs (reduce-overhead and max-autotune).
+bool graphs_mode(const CompileOptions& options) {
+  return options.mode == "reduce-overhead" || options.mode == "max-autotune";
+}
+
 void check_mode(const CompileOptions& options) {
-  KILN_CHECK(options.mode != "max-autotune",
-             "kiln::compile: mode \"max-autotune\" is not available yet (\"default\" or \"reduce-overhead\")");
-  KILN_CHECK(options.mode == "default" || options.mode == "reduce-overhead",
-             "kiln::compile: unknown mode \"{}\" (\"default\" or \"reduce-overhead\")", options.mode);
+  KILN_CHECK(options.mode == "default" || graphs_mode(options),
+             "kiln::compile: unknown mode \"{}\" (\"default\", \"reduce-overhead\" or \"max-autotune\")",
+             options.mode);
   KILN_CHECK(options.backend == "generated" || options.backend == "interpreter",
              "kiln::compile: unknown backend \"{}\" (\"generated\" or \"interpreter\")", options.backend);
 }
@@ -482,7 +491,7 @@ std::vector<const Trace*> CompiledFunction::traces() const {
 
 CudaGraphStats CompiledFunction::cuda_graphs() const {
   CudaGraphStats stats;
-  if (!state_ || state_->options.mode != "reduce-overhead") return stats;
+  if (!state_ || !graphs_mode(state_->options)) return stats;
   auto skip = [&](const std::string& why) {
     if (std::find(stats.skipped.begin(), stats.skipped.end(), why) == stats.skipped.end()) stats.skipped.push_back(why);
   };
@@ -498,6 +507,15 @@ CudaGraphStats CompiledFunction::cuda_graphs() const {
   }
   for (const auto& [device, pool] : state_->pools) stats.pool_bytes += pool->reserved_bytes();
   return stats;
+}
+
+std::string CompiledFunction::autotune_report() const {
+  std::string out;
+  if (!state_ || state_->options.mode != "max-autotune") return out;
+  for (size_t i = 0; i < state_->entries.size(); ++i)
+    if (const Entry& e = state_->entries[i]; e.program)
+      out += fmt::format("graph {} ({} kernels):\n{}", i, e.program->num_kernels(), e.program->autotune_report());
+  return out;
 }
 
 std::string CompiledFunction::profile() const {

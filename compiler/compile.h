@@ -69,12 +69,15 @@ class GraphRecorder;  // compiler/cuda_graph.h
 struct CompileOptions {
   // Throw the tracer's refusal instead of falling back to eager code.
   bool fullgraph = false;
-  // "default", or "reduce-overhead": each cached graph's program is captured as a CUDA
-  // graph and replayed, one launch per call instead of one per kernel and library op
+  // "default"; "reduce-overhead": each cached graph's program is captured as a CUDA graph
+  // and replayed, one launch per call instead of one per kernel and library op
   // (compiler/cuda_graph.h: the arguments and accumulated gradients are copied in, results
   // copied out; a program on the CPU, or one a graph cannot hold, runs as in the default
-  // mode and cuda_graphs() says why). "max-autotune" is a kiln::Error ("not available
-  // yet"), any other name too.
+  // mode and cuda_graphs() says why); "max-autotune": reduce-overhead, and on a GPU each
+  // generated pointwise kernel's launch (block size, grid cap) is chosen by timing at its
+  // first run and cuDNN times its convolution algorithms for the program's calls
+  // (autotune_report()); on the CPU nothing is tuned yet (it runs as the default mode). Any
+  // other name is a kiln::Error.
   std::string mode = "default";
   // What runs a replay: "generated" (the compiled program) or "interpreter" (the traced
   // graph through compiler::interpret: the reference, for tests and debugging). Any other
@@ -138,8 +141,11 @@ class CompiledFunction {
   // With CompileOptions::profile: per cached graph, where a replay's time goes (per kernel
   // and library op; Program::profile).
   std::string profile() const;
-  // Mode reduce-overhead's CUDA graphs (all zero in the default mode).
+  // Mode reduce-overhead's (and max-autotune's) CUDA graphs (all zero in the default mode).
   CudaGraphStats cuda_graphs() const;
+  // max-autotune: per cached graph, the kernels whose launches were timed, what was chosen,
+  // its time and the default launch's ("" in the other modes).
+  std::string autotune_report() const;
 
  private:
   friend CompiledFunction compile(TracedFunction fn, CompileOptions options);

@@ -65,6 +65,10 @@ class GraphReplay {
   // What Program::run returns for `inputs`.
   std::vector<Tensor> run(const std::vector<Tensor>& inputs);
 
+  // max-autotune: cuDNN chooses convolution algorithms by timing (cuda::set_cudnn_benchmark)
+  // during every run of the program (the setting is process-wide; it is restored after).
+  void set_time_library_algorithms(bool on) { time_library_algorithms_ = on; }
+
   const std::string& skip_reason() const { return skip_reason_; }  // "" while it captures
   int64_t captures() const { return captures_; }
   int64_t replays() const { return replays_; }
@@ -84,6 +88,7 @@ class GraphReplay {
   RecorderFactory make_recorder_;
   std::string skip_reason_;
   bool warmed_up_ = false;
+  bool time_library_algorithms_ = false;
   std::unique_ptr<GraphRecorder> graph_;
   std::vector<Tensor> static_inputs_;   // what the graph reads: staged copies, or the inputs
   std::vector<Tensor> static_outputs_;  // what the graph's run returned (in the pool)

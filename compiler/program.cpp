@@ -474,8 +474,12 @@ std::vector<Tensor> Program::run(const std::vector<Tensor>& inputs) const {
       kernel_outputs.push_back(std::move(out));
     }
     const KernelStep& k = kernels_[static_cast<size_t>(kernel_of_[s])];
+    if (k.device.is_cuda() && autotune_ && !k.tuned) {
+      k.tuning = codegen::tune_cuda_launch(k.cuda, kernel, kernel_inputs, kernel_outputs);
+      k.tuned = true;
+    }
     if (k.device.is_cuda())
-      codegen::run_cuda_kernel(k.cuda, kernel, kernel_inputs, kernel_outputs);
+      codegen::run_cuda_kernel(k.cuda, kernel, kernel_inputs, kernel_outputs, k.tuning.tuning);
     else
       codegen::run_kernel(k.compiled, kernel, kernel_inputs, kernel_outputs);
     kernel_inputs.clear();
@@ -551,6 +555,23 @@ std::string Program::profile() const {
   out += fmt::format("{:<40} {:>10.3f} {:>6.1f}% {:>6}   ({} runs)\n", "total", total, 100.0, steps_.size(),
                      profiled_runs_);
   return out;
+}
+
+std::string Program::autotune_report() const {
+  std::string out;
+  double best = 0, fallback = 0;
+  for (int64_t k = 0; k < num_kernels(); ++k) {
+    const KernelStep& step = kernels_[static_cast<size_t>(k)];
+    if (!step.tuned) continue;
+    const codegen::LaunchTuning& t = step.tuning.tuning;
+    out += fmt::format("{:<40} {:>18} {:>10.1f} us {:>10.1f} us default\n", kernel_name(k),
+                       t.block > 0 ? fmt::format("{} x {} max", t.block, t.max_grid) : std::string("default"),
+                       step.tuning.best_us, step.tuning.default_us);
+    best += step.tuning.best_us;
+    fallback += step.tuning.default_us;
+  }
+  if (out.empty()) return "no kernel was tuned (max-autotune tunes CUDA kernels at their first run)\n";
+  return out + fmt::format("{:<40} {:>18} {:>10.1f} us {:>10.1f} us default\n", "total", "", best, fallback);
 }
 
 std::string Program::kernel_name(int64_t k) const {

@@ -65,6 +65,12 @@ class Program {
   std::string cuda_graph_blocker() const;
   int gpu() const { return gpu_; }  // the GPU of the graph's tensors, -1 for none
 
+  // compile's max-autotune: when on, each CUDA pointwise kernel's launch is chosen by
+  // timing candidates (codegen::tune_cuda_launch) at the kernel's first run and kept.
+  // autotune_report() lists the kernels tuned: launch chosen, its time, the default's.
+  void set_autotune(bool on) { autotune_ = on; }
+  std::string autotune_report() const;
+
   // Profiling: when on, run() times every step (with a clock read per step, so leave it
   // off when not looking). profile() is a table of where a run's time goes, per kernel and
   // per library op, averaged over the runs since profiling was turned on.
@@ -83,6 +89,8 @@ class Program {
     std::string source;  // the rendering for that target
     codegen::CompiledKernel compiled;  // C++ target
     codegen::CudaFunction cuda;        // CUDA target
+    mutable bool tuned = false;        // max-autotune: its launch was timed (tuning holds it)
+    mutable codegen::TunedLaunch tuning;
   };
   Graph graph_;
   std::vector<FusionGroup> steps_;
@@ -117,6 +125,7 @@ class Program {
   int gpu_ = -1;  // the GPU the graph's tensors are on (-1: none): profiling waits for it
   mutable std::vector<Tensor> constants_;  // per node: a constant node's tensor, made at the first run
   bool profiling_ = false;
+  bool autotune_ = false;
   mutable std::vector<double> step_ms_;  // per step: total milliseconds while profiling
   mutable int64_t profiled_runs_ = 0;
 };

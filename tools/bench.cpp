@@ -291,7 +291,7 @@ int bench_train(const TrainBenchOptions& o) {
   };
   std::vector<Mode> modes;
   modes.push_back({"eager", [&] { train::train_step(*model, sgd, accumulation, x, y, 0.0); }, o.warmup});
-  std::optional<compiler::CompiledFunction> compiled, whole, split, graphed;
+  std::optional<compiler::CompiledFunction> compiled, whole, split, graphed, tuned;
   if (o.compile) {
     // The forward and backward of each micro-step compiled; the SGD update eager (as
     // kiln-train --compile runs it). Two warm-up calls at least: the first traces with
@@ -321,6 +321,9 @@ int bench_train(const TrainBenchOptions& o) {
       graphed = compiler::compile(train::micro_step_function(*model, 0.0),
                                   {.mode = "reduce-overhead", .layout = o.layout});
       modes.push_back({"compiled-reduce-overhead", [&] { train::train_step_compiled(*graphed, sgd, accumulation, x, y); },
+                       std::max<int64_t>(o.warmup, 3)});
+      tuned = compiler::compile(train::micro_step_function(*model, 0.0), {.mode = "max-autotune", .layout = o.layout});
+      modes.push_back({"compiled-max-autotune", [&] { train::train_step_compiled(*tuned, sgd, accumulation, x, y); },
                        std::max<int64_t>(o.warmup, 3)});
     }
   }
@@ -357,13 +360,14 @@ int bench_train(const TrainBenchOptions& o) {
   }
   line("eager", timing[0], extra);
   if (o.compile) {
-    const CompiledFunction* functions[] = {nullptr, &*compiled, &*whole, &*split, graphed ? &*graphed : nullptr};
+    const CompiledFunction* functions[] = {nullptr, &*compiled, &*whole, &*split, graphed ? &*graphed : nullptr,
+                                           tuned ? &*tuned : nullptr};
     for (size_t i = 1; i < modes.size(); ++i) {
       const CompiledFunction& f = *functions[i];
       std::string pieces =
           f.split_calls() > 0 ? fmt::format(R"(,"pieces":{},"piece_programs":{})", f.last_split().size(), f.piece_programs())
                               : "";
-      if (&f == (graphed ? &*graphed : nullptr)) {
+      if (f.cuda_graphs().captures + f.cuda_graphs().uncaptured_runs > 0) {
         const compiler::CudaGraphStats g = f.cuda_graphs();
         pieces += fmt::format(R"(,"cuda_graphs_captured":{},"replays":{},"uncaptured_runs":{},"pool_mib":{:.1f},"not_captured":[{}])",
                               g.captures, g.replays, g.uncaptured_runs, static_cast<double>(g.pool_bytes) / 1048576.0,
@@ -374,6 +378,7 @@ int bench_train(const TrainBenchOptions& o) {
                        pieces, timing[0].median_ms / timing[i].median_ms, timing[i].peak_mib / timing[0].peak_mib));
     }
     if (o.profile) std::cerr << compiled->profile() << whole->profile() << split->profile();
+    if (tuned) std::cerr << "max-autotune's launches:\n" << tuned->autotune_report();
   }
   if (o.profile && device.is_cuda()) profile_cuda_step([&] { train::train_step(*model, sgd, accumulation, x, y, 0.0); }, device);
   return 0;

@@ -82,7 +82,8 @@ run:
   --print-every N      steps between progress lines when not on a terminal  [50]
   --cache-dir DIR      where --data shapes is generated  [$KILN_CACHE_DIR or ~/.cache/kiln]
   --device cpu|cuda    [cpu]
-  --compile [MODE]     run forward, loss and backward compiled (kiln::compile; MODE: default)
+  --compile [MODE]     run forward, loss and backward compiled (kiln::compile; MODE: default,
+                       reduce-overhead (CUDA graphs) or max-autotune (and timed launches))  [default]
   --channels-last      NHWC batches: eager and compiled steps run their convolution region NHWC
   --amp                not available yet (a later issue)
   --help

@@ -91,8 +91,8 @@ struct Result {
 };
 
 // Trains as the config says, writing progress to `out`. Throws kiln::Error for bad
-// configurations and for features that are not available yet (--amp,
-// compile modes other than default), and --device cuda where CUDA is not available.
+// configurations and for features that are not available yet (--amp), and --device cuda
+// where CUDA is not available.
 Result run(const Config& config, std::ostream& out);
 
 // Asks a running run() to stop after the current optimizer step and save a checkpoint

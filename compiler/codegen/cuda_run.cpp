@@ -4,6 +4,7 @@
 
 #if defined(KILN_HAVE_CUDA)
 
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <string>
@@ -68,7 +69,7 @@ Tensor device_constant(const Tensor& t, Device device) {
 }  // namespace
 
 void run_cuda_kernel(const CudaFunction& function, const Kernel& kernel, std::span<const Tensor> inputs,
-                     std::span<const Tensor> outputs) {
+                     std::span<const Tensor> outputs, const LaunchTuning& tuning) {
   KILN_CHECK(function.handle != nullptr, "run_cuda_kernel {}: the kernel is not loaded", kernel.name);
   KILN_CHECK(!outputs.empty(), "run_cuda_kernel {}: no outputs", kernel.name);
   const Device device = outputs[0].device();
@@ -84,10 +85,45 @@ void run_cuda_kernel(const CudaFunction& function, const Kernel& kernel, std::sp
   std::vector<void*> params;
   for (void*& b : call.buffers) params.push_back(&b);
   params.push_back(call.args.data());
-  const CudaLaunch shape = cuda_launch_shape(kernel, call.args);
+  CudaLaunch shape = cuda_launch_shape(kernel, call.args);
   if (shape.grid == 0) return;
+  if (tuning.block > 0 && kernel.num_reduced == 0) {
+    int64_t total = 1;
+    for (int32_t d = 0; d < kernel.rank; ++d) total *= call.args[static_cast<size_t>(d)];
+    shape.block = tuning.block;
+    shape.grid = std::max<int64_t>(1, std::min((total + tuning.block - 1) / tuning.block, tuning.max_grid));
+  }
   cuda::launch({static_cast<cudaKernel_t>(function.handle), function.name}, {shape.grid, shape.block, shape.shared_bytes},
                params.data(), device.index);
+}
+
+TunedLaunch tune_cuda_launch(const CudaFunction& function, const Kernel& kernel, std::span<const Tensor> inputs,
+                             std::span<const Tensor> outputs) {
+  KILN_CHECK(!outputs.empty(), "tune_cuda_launch {}: no outputs", kernel.name);
+  const Device device = outputs[0].device();
+  std::vector<Tensor> scratch;
+  for (const Tensor& o : outputs) scratch.push_back(make_tensor(o.shape(), o.dtype(), o.device(), o.suggest_memory_format()));
+  const int64_t sms = cuda::device_properties(device.index).multiprocessors;
+  std::vector<LaunchTuning> candidates = {{}};  // the default first: it wins ties
+  if (kernel.num_reduced == 0)
+    for (int block : {256, 128, 64})
+      for (int64_t grid : {int64_t{65536}, sms * 32, sms * 8, sms * 2})
+        candidates.push_back({block, grid});
+  const cuda::Stream stream = cuda::current_stream(device.index);
+  cuda::Event start(device.index), stop(device.index);
+  constexpr int kRuns = 5;
+  TunedLaunch best;
+  for (size_t c = 0; c < candidates.size(); ++c) {
+    run_cuda_kernel(function, kernel, inputs, scratch, candidates[c]);  // a warm launch
+    start.record(stream);
+    for (int r = 0; r < kRuns; ++r) run_cuda_kernel(function, kernel, inputs, scratch, candidates[c]);
+    stop.record(stream);
+    stop.synchronize();
+    const double us = 1000.0 * stop.elapsed_ms(start) / kRuns;
+    if (c == 0) best = {candidates[0], us, us};
+    else if (us < best.best_us * 0.97) best = {candidates[c], us, best.default_us};  // 3%: past the noise
+  }
+  return best;
 }
 
 }  // namespace kiln::compiler::codegen
@@ -100,8 +136,12 @@ const std::string& cuda_arch(Device device) { fail("cuda kernels: device {} is n
 std::vector<CudaFunction> load_cuda_kernels(const std::vector<const Kernel*>&, Device device, int) {
   fail("cuda kernels: device {} is not available: this build of kiln has no CUDA backend", device);
 }
-void run_cuda_kernel(const CudaFunction&, const Kernel& kernel, std::span<const Tensor>, std::span<const Tensor>) {
+void run_cuda_kernel(const CudaFunction&, const Kernel& kernel, std::span<const Tensor>, std::span<const Tensor>,
+                     const LaunchTuning&) {
   fail("run_cuda_kernel {}: this build of kiln has no CUDA backend", kernel.name);
+}
+TunedLaunch tune_cuda_launch(const CudaFunction&, const Kernel& kernel, std::span<const Tensor>, std::span<const Tensor>) {
+  fail("tune_cuda_launch {}: this build of kiln has no CUDA backend", kernel.name);
 }
 
 }  // namespace kiln::compiler::codegen

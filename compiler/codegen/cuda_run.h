@@ -26,11 +26,32 @@ const std::string& cuda_arch(Device device);
 // kernel for `device`'s architecture.
 std::vector<CudaFunction> load_cuda_kernels(const std::vector<const Kernel*>& kernels, Device device, int jobs = 2);
 
+// A pointwise kernel's launch as compile's max-autotune chose it by timing: threads per
+// block (at most the kernels' launch bound, 256) and the most blocks (the grid-stride loop
+// covers the rest). Zeros: the default launch (cuda_launch_shape). A pointwise kernel's
+// results do not depend on its launch; reductions keep theirs (it decides their sums' order).
+struct LaunchTuning {
+  int block = 0;
+  int64_t max_grid = 0;
+  bool operator==(const LaunchTuning&) const = default;
+};
+
 // Runs `function` (the rendering of `kernel`) on the device of outputs[0], on its current
 // stream: inputs are the tensors of the kernel's input buffers in order (as run_kernel
-// takes them; a 0-d CPU tensor is copied to the device first), outputs those of its output
-// buffers.
+// takes them; a one-element CPU tensor becomes a device constant first), outputs those of
+// its output buffers. `tuning` (pointwise kernels only) overrides the default launch.
 void run_cuda_kernel(const CudaFunction& function, const Kernel& kernel, std::span<const Tensor> inputs,
-                     std::span<const Tensor> outputs);
+                     std::span<const Tensor> outputs, const LaunchTuning& tuning = {});
+
+// Times `function` under each candidate launch (pointwise kernels: a few block sizes and
+// grid caps; others: only the default) on `inputs`, writing into scratch tensors shaped as
+// `outputs`, and returns the fastest with its time in microseconds and the default's.
+// Synchronizes the device.
+struct TunedLaunch {
+  LaunchTuning tuning;
+  double best_us = 0, default_us = 0;
+};
+TunedLaunch tune_cuda_launch(const CudaFunction& function, const Kernel& kernel, std::span<const Tensor> inputs,
+                             std::span<const Tensor> outputs);
 
 }  // namespace kiln::compiler::codegen

@@ -40,8 +40,9 @@ TracedFunction micro_step(std::shared_ptr<nn::Module> model, bool flatten) {
   };
 }
 
-// `mode`: compile's; with reduce-overhead the loss weight lives on the GPU (a CPU input keeps
-// a program out of CUDA graphs), and the micro-step graphs must have been captured.
+// `mode`: compile's; with reduce-overhead and max-autotune the loss weight lives on the GPU
+// (a CPU input keeps a program out of CUDA graphs), and the micro-step graphs must have been
+// captured (with max-autotune, after their kernels' launches were timed).
 void check_step(const std::function<std::shared_ptr<nn::Module>()>& make, Shape input, DType dtype, double rtol,
                 bool flatten = false, const std::string& mode = "default") {
   const Device gpu = Device::cuda();
@@ -60,7 +61,7 @@ void check_step(const std::function<std::shared_ptr<nn::Module>()>& make, Shape 
       const std::string at = fmt::format("step {} micro-step {}: ", step, micro);
       const Tensor weight = full({}, micro == 0 ? 1.0 / 3 : 2.0 / 3, {.dtype = DType::f64});
       const Args batch = {randn(input, {.dtype = dtype}).to(gpu), randint(0, 10, {input[0]}).to(gpu),
-                          mode == "reduce-overhead" ? weight.to(gpu) : weight};
+                          mode != "default" ? weight.to(gpu) : weight};
       const Args got = compiled(batch), want = eager(batch);
       check_relative(at + "loss", got.at(0), want.at(0), rtol);
       const auto params = model->named_parameters(), ref = reference->named_parameters();
@@ -75,7 +76,12 @@ void check_step(const std::function<std::shared_ptr<nn::Module>()>& make, Shape 
     for (const auto& [name, t] : model->state_dict()) check_relative(fmt::format("step {}: {}", step, name), t, state.at(name), rtol);
   }
   CHECK(compiled.graph_breaks() == 0);
-  if (mode == "reduce-overhead") {
+  if (mode == "max-autotune") {
+    const std::string report = compiled.autotune_report();
+    INFO(report);
+    CHECK(report.find("us default") != std::string::npos);  // kernels timed
+  }
+  if (mode != "default") {
     // Two micro-step graphs (.grad undefined, defined), three calls each: trace, warm-up,
     // capture (whose replay is the call's work).
     const CudaGraphStats g = compiled.cuda_graphs();
@@ -208,6 +214,12 @@ TEST_CASE("reduce-overhead: an op a graph cannot hold leaves the program uncaptu
   REQUIRE(g.skipped.size() == 1);
   CHECK_THAT(g.skipped[0], Contains("capture failed"));
   CHECK(g.replays == 0);
+}
+
+TEST_CASE("max-autotune training steps on the GPU equal eager ones", "[cuda]") {
+  KILN_NEEDS_GPU();
+  check_step([] { return std::make_shared<models::ConvNet>(models::ConvNet({.in_channels = 3, .num_classes = 10})); },
+             {4, 3, 16, 16}, DType::f32, 1e-4, false, "max-autotune");
 }
 
 TEST_CASE("reduce-overhead training steps with accumulation on the GPU equal eager ones", "[cuda]") {

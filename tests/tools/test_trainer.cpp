@@ -420,10 +420,6 @@ TEST_CASE("trainer: micro-batch auto picks the largest micro-batch that fits the
 
 TEST_CASE("trainer: features of later issues say they are not available yet", "[trainer]") {
   train::Config c = small_cnn();
-  SECTION("compile mode max-autotune") {
-    c.compile = true;
-    c.compile_mode = "max-autotune";
-  }
   SECTION("amp") { c.amp = true; }
   REQUIRE_THROWS_AS(run(c), Error);
   REQUIRE_THROWS_WITH(run(c), Contains("not available yet"));
@@ -560,11 +556,17 @@ TEST_CASE("trainer: --compile trains like eager", "[trainer]") {
     CHECK(compiled.epochs[e].val_loss == Approx(eager.epochs[e].val_loss).epsilon(1e-4));
     CHECK(compiled.epochs[e].val_accuracy == Approx(eager.epochs[e].val_accuracy));
   }
-  // reduce-overhead on the CPU: no CUDA graphs, the default mode's program, the same run.
-  c.compile_mode = "reduce-overhead";
-  const train::Result graphed = run(c);
-  REQUIRE(graphed.step_losses.size() == compiled.step_losses.size());
-  for (size_t i = 0; i < compiled.step_losses.size(); ++i) CHECK(graphed.step_losses[i] == compiled.step_losses[i]);
+  // reduce-overhead and max-autotune on the CPU: no CUDA graphs, nothing to tune, the
+  // default mode's program, the same run.
+  for (const char* mode : {"reduce-overhead", "max-autotune"}) {
+    INFO(mode);
+    c.compile_mode = mode;
+    const train::Result graphed = run(c);
+    REQUIRE(graphed.step_losses.size() == compiled.step_losses.size());
+    for (size_t i = 0; i < compiled.step_losses.size(); ++i) CHECK(graphed.step_losses[i] == compiled.step_losses[i]);
+  }
+  c.compile_mode = "fastest";
+  REQUIRE_THROWS_WITH(run(c), Contains("--compile fastest: expected default, reduce-overhead or max-autotune"));
 }
 
 TEST_CASE("trainer: --device cuda trains on the GPU as on the CPU", "[trainer][cuda]") {
