@@ -368,10 +368,12 @@ std::vector<Tensor> Program::run(const std::vector<Tensor>& inputs) const {
   for (size_t i = 0; i < g.inputs().size(); ++i) values[static_cast<size_t>(g.inputs()[i].node)] = {inputs[i]};
   if (constants_.empty()) {
     // Made once: a constant on a GPU is a host-to-device copy, which a captured CUDA graph
-    // could not repeat (compiler/cuda_graph.h); no step writes a constant.
-    constants_.resize(nodes.size());
+    // could not repeat (compiler/cuda_graph.h); no step writes a constant, and an output
+    // over a constant's memory is copied (below).
+    std::vector<Tensor> made(nodes.size());
     for (size_t n = 0; n < nodes.size(); ++n)
-      if (nodes[n].kind == NodeKind::constant) constants_[n] = constant_tensor(nodes[n]);
+      if (nodes[n].kind == NodeKind::constant) made[n] = constant_tensor(nodes[n]);
+    constants_ = std::move(made);
   }
   for (size_t n = 0; n < nodes.size(); ++n) {
     if (nodes[n].kind == NodeKind::constant) values[n] = {constants_[n]};
@@ -488,7 +490,16 @@ std::vector<Tensor> Program::run(const std::vector<Tensor>& inputs) const {
     clock_step(s);
   }
 
-  return finish_run(g, inputs, value);
+  std::vector<Tensor> outputs = finish_run(g, inputs, value);
+  // A result over a constant's memory (a view of a folded constant) is the caller's to
+  // change: a copy, so that the constant stays what the next run reads.
+  for (Tensor& out : outputs)
+    for (size_t n = 0; out.defined() && n < constants_.size(); ++n)
+      if (constants_[n].defined() && constants_[n].storage() == out.storage()) {
+        out = out.clone();
+        break;
+      }
+  return outputs;
 }
 
 std::string Program::cuda_graph_blocker() const {

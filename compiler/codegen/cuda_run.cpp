@@ -52,17 +52,34 @@ namespace {
 // copies anew (a capture then fails cleanly: kernels/cuda/runtime.cpp refuses the copy).
 Tensor device_constant(const Tensor& t, Device device) {
   constexpr size_t kMaxConstants = 4096;
+  // The copy is queued on the creating stream: a use from another stream waits for it once,
+  // except inside a capture whose replays run on the creating stream (nothing runs at
+  // capture; replays come after the copy in that stream's order).
+  struct Entry {
+    Tensor tensor;
+    cuda::Stream made_on;
+    bool done = false;
+  };
   static std::mutex mutex;
-  static auto* cache = new std::map<std::string, Tensor>;  // never destroyed: outlives graphs
+  static auto* cache = new std::map<std::string, Entry>;  // never destroyed: outlives graphs
   std::string key = fmt::format("{}|{}|{}|{}|{}|", device.index, t.dtype(), shape_str(t.shape()),
                                 shape_str(t.strides()), t.is_wrapped_number());
   key.append(static_cast<const char*>(t.data_ptr()), t.itemsize());
+  const cuda::Stream stream = cuda::current_stream(device.index);
   std::lock_guard lock(mutex);
   auto it = cache->find(key);
-  if (it != cache->end()) return it->second;
+  if (it != cache->end()) {
+    Entry& e = it->second;
+    if (!e.done && !(e.made_on == stream) &&
+        cuda::capture_replay_stream(device.index) != static_cast<cudaStream_t>(e.made_on.handle)) {
+      e.made_on.synchronize();
+      e.done = true;
+    }
+    return e.tensor;
+  }
   Tensor copy = t.to(device);
   copy.impl()->wrapped_number = t.is_wrapped_number();
-  if (cache->size() < kMaxConstants) cache->emplace(std::move(key), copy);
+  if (cache->size() < kMaxConstants) cache->emplace(std::move(key), Entry{copy, stream});
   return copy;
 }
 

@@ -54,7 +54,10 @@ void linspace(Span, Span out, const Attrs& a) {
     generate<T>(out[0], [=](int64_t i) {
       const double v = i < n / 2 || n == 1 ? start + step * static_cast<double>(i)
                                  : end - step * static_cast<double>(n - 1 - i);
-      if constexpr (std::is_integral_v<T>) return static_cast<T>(v);
+      // Integers through i64 (a negative value into u8 wraps, as every other conversion
+      // does; straight from double it would be undefined), bool by v != 0.
+      if constexpr (std::is_same_v<T, bool>) return v != 0;
+      else if constexpr (std::is_integral_v<T>) return static_cast<T>(static_cast<int64_t>(v));
       else return static_cast<compute_t<T>>(v);
     });
   });
@@ -106,7 +109,10 @@ void randint(Span, Span out, const Attrs& a) {
     generate<T>(out[0], [=](int64_t i) {
       const philox::Block b = philox::random4(seed, offset + static_cast<uint64_t>(i));
       const int64_t v = low + static_cast<int64_t>(philox::bits64(b) % range);
-      if constexpr (std::is_integral_v<T>) return static_cast<T>(v);
+      // Integers through i64 (a negative value into u8 wraps, as every other conversion
+      // does; straight from double it would be undefined), bool by v != 0.
+      if constexpr (std::is_same_v<T, bool>) return v != 0;
+      else if constexpr (std::is_integral_v<T>) return static_cast<T>(static_cast<int64_t>(v));
       else return static_cast<compute_t<T>>(v);
     });
   });

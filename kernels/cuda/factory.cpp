@@ -39,14 +39,19 @@ extern "C" __global__ void NAME(T* out, long long n, int floating, double start,
                            {DType::f32, DType::f64, DType::f16, DType::bf16, DType::i64, DType::i32, DType::u8});
 
 // linspace: the first half counts from start, the second back from end (both ends exact).
+// An integer dtype converts through i64 (as the CPU kernel), bool by v != 0.
 const KernelFamily kLinspace("linspace", R"(
 typedef SCALAR T;
 typedef COMPUTE C;
+template <class X> __device__ X from_double(double v) { return X((long long)v); }
+template <> __device__ bool from_double<bool>(double v) { return v != 0.0; }
+template <> __device__ float from_double<float>(double v) { return (float)v; }
+template <> __device__ double from_double<double>(double v) { return v; }
 extern "C" __global__ void NAME(T* out, long long n, double start, double end, double step) {
   const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
   if (i >= n) return;
   const double v = i < n / 2 || n == 1 ? start + step * (double)i : end - step * (double)(n - 1 - i);
-  out[i] = T((C)v);
+  out[i] = T(from_double<C>(v));
 }
 )",
                              kAll);

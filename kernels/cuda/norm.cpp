@@ -5,8 +5,8 @@
 //
 // Semantics follow kernels/cpu/norm.cpp:
 // - an [N, C, ...] input is seen as [N, C, L, 1] (contiguous), so any rank from 2 up works;
-//   a 4-d channels_last input stays NHWC (cuDNN's descriptors take its strides, and the
-//   NHWC-optimized CUDNN_BATCHNORM_SPATIAL_PERSISTENT mode computes training; its
+//   a 4-d channels_last input stays NHWC (cuDNN's descriptors take its strides, and in f32
+//   the NHWC-optimized CUDNN_BATCHNORM_SPATIAL_PERSISTENT mode computes training; its
 //   range restriction is the NCHW mode's only), so a channels-last network's batch norms
 //   copy nothing; an output not in the input's layout or dtype is written through a buffer
 //   copied into it (OutBuffer, copy_);
@@ -61,9 +61,10 @@ Channels channels_of(const Tensor& x) {
   return s;
 }
 
-// Training's mode: the NHWC-optimized one for NHWC data.
-cudnnBatchNormMode_t training_mode(const Channels& s) {
-  return s.nhwc ? CUDNN_BATCHNORM_SPATIAL_PERSISTENT : CUDNN_BATCHNORM_SPATIAL;
+// Training's mode: the NHWC-optimized one for NHWC data in f32 (the statistics dtype of
+// the 16-bit floats too; cuDNN's optimized path is for float and half), else spatial.
+cudnnBatchNormMode_t training_mode(const Channels& s, DType dt) {
+  return s.nhwc && dt == DType::f32 ? CUDNN_BATCHNORM_SPATIAL_PERSISTENT : CUDNN_BATCHNORM_SPATIAL;
 }
 
 // `t` (an input of the call) in the call's layout and dtype dt: itself when it is, else a copy.
@@ -122,7 +123,7 @@ void forward_training(cudnnHandle_t h, const Channels& s, const BnDescs& d, DTyp
                       const Tensor& w, const Tensor& b, double momentum, void* running_mean, void* running_var,
                       double eps, void* save_mean, void* save_invstd, const char* op) {
   const dnn::Scale one(1.0), zero(0.0);
-  dnn::check(cudnnBatchNormalizationForwardTraining(h, training_mode(s), one.for_type(dt), zero.for_type(dt),
+  dnn::check(cudnnBatchNormalizationForwardTraining(h, training_mode(s, dt), one.for_type(dt), zero.for_type(dt),
                                                     d.data.get(), x.data_ptr(), d.data.get(), y, d.param.get(),
                                                     w.data_ptr(), b.data_ptr(), momentum, running_mean, running_var,
                                                     eps, save_mean, save_invstd),
@@ -227,7 +228,7 @@ void batch_norm_backward_kernel(Span in, Span out, const Attrs& attrs) {
   const dnn::Scale one(1.0), zero(0.0);
   // Given the saved statistics, cuDNN does not recompute them (eps is then unused); the mode
   // is the forward's.
-  dnn::check(cudnnBatchNormalizationBackward(dnn::handle_for(device.index, op), training_mode(s),
+  dnn::check(cudnnBatchNormalizationBackward(dnn::handle_for(device.index, op), training_mode(s, sd),
                                              one.for_type(sd), zero.for_type(sd), one.for_type(sd), zero.for_type(sd),
                                              d.data.get(), x.data_ptr(), d.data.get(), dy.data_ptr(), d.data.get(),
                                              dx.ptr(), d.param.get(), w.data_ptr(), dw.ptr(), db.ptr(),

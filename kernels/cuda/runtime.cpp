@@ -421,6 +421,13 @@ void empty_cache() {
 
 // ---- CUDA graphs and their pools ----
 
+cudaStream_t capture_replay_stream(int device) {
+  const cudaStream_t current = stream_of(device);
+  std::lock_guard lock(g_alloc_mutex);
+  const DeviceCache& c = caches()[static_cast<size_t>(device)];
+  return c.capture_pool != 0 && c.capture_stream == current ? c.replay_stream : nullptr;
+}
+
 MemPool::MemPool(int device) : device_(device) {
   require_device(device, "cuda::MemPool");
   static std::atomic<int64_t> next{1};

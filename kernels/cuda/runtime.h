@@ -54,6 +54,10 @@ struct LaunchShape {
 // Launches on `device`'s current stream; `args` points at each parameter's value.
 void launch(const LoadedKernel& kernel, const LaunchShape& shape, void** args, int device);
 
+// While this thread captures a CUDA graph on `device` (its current stream is the capture
+// stream): the stream the graph's replays will run on; nullptr otherwise.
+cudaStream_t capture_replay_stream(int device);
+
 // The host fallback (host_fallback.cpp) for a call a CUDA kernel does not cover: copies the
 // inputs to the CPU, runs op's CPU kernel, copies the results into `out`, and lists the op
 // in host_fallback_ops(). Correct and slow (a synchronization, copies both ways).

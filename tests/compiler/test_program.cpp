@@ -100,6 +100,22 @@ TEST_CASE("program fuses a pointwise chain into one kernel equal to eager in f32
   }
 }
 
+TEST_CASE("program returns a copy of a folded constant, which later runs still read", "[program]") {
+  // The program makes its constants once; a result that views one is the caller's to
+  // change, and the next run still gives (and computes with) the constant.
+  CompiledFunction f = compile([](const Args& a) -> Args {
+    const Tensor three = full({}, 3.0);
+    return {a[0] * 2 + three, three.unsqueeze(0)};
+  });
+  for (int call = 0; call < 4; ++call) {
+    const Args r = f({ones({2})});
+    INFO("call " << call);
+    CHECK(testing::values(r[0]) == std::vector<double>{5, 5});
+    CHECK(testing::values(r[1]) == std::vector<double>{3});
+    Tensor(r[1]).add_(10);
+  }
+}
+
 TEST_CASE("program fuses a pointwise prologue into the reduction after it", "[program]") {
   TempCache cache;
   manual_seed(22);

@@ -70,6 +70,11 @@ TEST_CASE("linspace hits both ends exactly", "[factory]") {
   }
   CHECK(values(linspace(3, 5, 1)) == std::vector<double>{3});
   CHECK(linspace(3, 5, 0).numel() == 0);
+  // Integer dtypes convert through i64 (truncating; a negative value wraps into u8), bool
+  // is v != 0.
+  CHECK(values(linspace(-2.5, 1, 3, {.dtype = DType::i32})) == std::vector<double>{-2, 0, 1});
+  CHECK(values(linspace(-2.5, 1, 3, {.dtype = DType::u8})) == std::vector<double>{254, 0, 1});
+  CHECK(values(linspace(0, 1, 3, {.dtype = DType::boolean})) == std::vector<double>{0, 1, 1});
   CHECK(values(linspace(1, -1, 3)) == std::vector<double>{1, 0, -1});
   CHECK(values(linspace(0, 10, 5, {.dtype = DType::i64})) ==
         std::vector<double>{0, 2, 5, 7, 10});  // truncated
