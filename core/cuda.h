@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "core/tensor.h"
+
 namespace kiln::cuda {
 
 // True when this build has the CUDA backend and at least one GPU answers.
@@ -110,6 +112,18 @@ void reset_peak_allocator_stats(int device = 0);
 std::string memory_summary(int device = 0);
 // Returns the cached free blocks of every device to CUDA.
 void empty_cache();
+
+// Page-locked ("pinned") host memory: CPU tensors whose copies to a GPU run asynchronously
+// and at the link's full speed (pageable memory is staged through a driver buffer, at a
+// fraction of it). A pinned tensor is an ordinary CPU tensor otherwise. A copy from it
+// returns once queued, as PyTorch's non_blocking copies do: writing the tensor before the
+// copy has run (cuda::synchronize, or later work on the stream that waits for it) changes
+// what is copied; freeing it is safe (its memory is reused only after its last copy).
+// Copies from the GPU into it still wait, as every copy to the host does. Blocks are
+// cached by size (up to 1 GiB) for reuse. kiln::Error where CUDA is not available.
+Tensor pin_memory(const Tensor& t);  // a pinned, contiguous copy of t (a CPU tensor)
+Tensor empty_pinned(const Shape& shape, DType dtype);
+bool is_pinned(const Tensor& t);
 
 // A private memory pool for captured CUDA graphs (compile's reduce-overhead mode). While a
 // CudaGraph captures into it, every allocation on the capturing stream comes from the pool

@@ -12,6 +12,7 @@
 #include <optional>
 #include <thread>
 
+#include "core/cuda.h"
 #include "core/ops/factory.h"
 
 namespace kiln::data {
@@ -121,8 +122,14 @@ struct Loader::Epoch::Impl {
     Shape batch_shape = sample_shape;
     batch_shape.insert(batch_shape.begin(), static_cast<int64_t>(samples.size()));
     Batch batch;
-    batch.input = empty(batch_shape);
-    batch.target = empty({static_cast<int64_t>(samples.size())}, {.dtype = DType::i64});
+    const Shape target_shape{static_cast<int64_t>(samples.size())};
+    if (options.pin_memory && cuda::is_available()) {
+      batch.input = cuda::empty_pinned(batch_shape, DType::f32);
+      batch.target = cuda::empty_pinned(target_shape, DType::i64);
+    } else {
+      batch.input = empty(batch_shape);
+      batch.target = empty(target_shape, {.dtype = DType::i64});
+    }
     // Plain memcpy rather than tensor ops: this runs in worker threads, and the ops may
     // start OpenMP teams of their own.
     auto* input = static_cast<char*>(batch.input.data_ptr());

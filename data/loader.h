@@ -12,6 +12,7 @@
 #include <memory>
 #include <vector>
 
+#include "core/cuda.h"
 #include "data/dataset.h"
 
 namespace kiln::data {
@@ -26,6 +27,10 @@ struct LoaderOptions {
   // Skip samples whose get() throws BadSample (counted in Loader::skipped()) instead of
   // rethrowing the error; a batch then holds fewer samples.
   bool skip_bad_samples = false;
+  // Batches in page-locked memory (cuda::empty_pinned), so that copying them to a GPU is
+  // asynchronous and runs at the link's full speed; where CUDA is not available, ordinary
+  // memory (Loader::pinned() says which). Like PyTorch's pin_memory.
+  bool pin_memory = false;
 };
 
 struct Batch {
@@ -47,6 +52,8 @@ class Loader {
 
   const Dataset& dataset() const { return *dataset_; }
   const LoaderOptions& options() const { return options_; }
+  // Whether batches are in pinned memory (options().pin_memory and CUDA available).
+  bool pinned() const { return options_.pin_memory && cuda::is_available(); }
   // Batches per epoch: ceil(size / batch_size), or floor with drop_last.
   int64_t batches_per_epoch() const;
   // The dataset indices of epoch e in the order they are served.

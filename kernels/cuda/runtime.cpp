@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "core/storage.h"
+#include "core/tensor.h"
 
 namespace kiln::cuda {
 namespace {
@@ -320,6 +321,83 @@ void cuda_release(void* p, size_t, int device) {
     c.free_blocks[{b.stream, b.size}].push_back(p);
 }
 
+// ---- pinned host memory ----
+//
+// Each pinned block is one cudaHostAlloc, registered by address so that a copy can tell
+// pinned memory from pageable. A copy from a pinned block returns as soon as it is queued;
+// the block remembers an event recorded after its last such copy. A freed block is kept
+// (up to kPinnedCache bytes) and handed out again, once that event has passed, to a request
+// of its exact size: a loader asks for the same batch size every step, and cudaHostAlloc
+// is slow (milliseconds for a batch of images).
+
+constexpr size_t kPinnedCache = size_t{1} << 30;
+
+struct PinnedBlock {
+  size_t nbytes = 0;
+  cudaEvent_t last_copy = nullptr;
+  bool free = false;
+};
+std::mutex g_pinned_mutex;
+size_t g_pinned_cached = 0;  // bytes in free blocks
+std::map<uintptr_t, PinnedBlock>& pinned_blocks() {
+  static auto* m = new std::map<uintptr_t, PinnedBlock>;  // outlives every tensor
+  return *m;
+}
+
+// The block in use holding [p, p + nbytes), or null (caller holds g_pinned_mutex).
+PinnedBlock* pinned_block_of(const void* p, size_t nbytes) {
+  auto& blocks = pinned_blocks();
+  const auto address = reinterpret_cast<uintptr_t>(p);
+  auto it = blocks.upper_bound(address);
+  if (it == blocks.begin()) return nullptr;
+  --it;
+  return !it->second.free && address + nbytes <= it->first + it->second.nbytes ? &it->second : nullptr;
+}
+
+// Whether the block's last copy has finished (it may be reused).
+bool copies_done(const PinnedBlock& b) {
+  if (!b.last_copy) return true;
+  const cudaError_t e = cudaEventQuery(b.last_copy);
+  if (e == cudaSuccess) return true;
+  if (e != cudaErrorNotReady) cudaGetLastError();
+  return false;
+}
+
+void release_pinned(uintptr_t address, PinnedBlock& b) {  // (caller holds g_pinned_mutex)
+  if (b.last_copy) {
+    cudaEventSynchronize(b.last_copy);  // the last copy from it has read it
+    cudaEventDestroy(b.last_copy);
+  }
+  cudaFreeHost(reinterpret_cast<void*>(address));
+  cudaGetLastError();
+}
+
+void free_pinned(void* p) {
+  std::lock_guard lock(g_pinned_mutex);
+  auto& blocks = pinned_blocks();
+  auto it = blocks.find(reinterpret_cast<uintptr_t>(p));
+  if (it == blocks.end()) return;
+  if (g_pinned_cached + it->second.nbytes <= kPinnedCache) {
+    it->second.free = true;
+    g_pinned_cached += it->second.nbytes;
+    return;
+  }
+  release_pinned(it->first, it->second);
+  blocks.erase(it);
+}
+
+// A cached free block of exactly `nbytes` whose copies are done, taken; or null.
+void* take_pinned(size_t nbytes) {
+  std::lock_guard lock(g_pinned_mutex);
+  for (auto& [address, b] : pinned_blocks())
+    if (b.free && b.nbytes == nbytes && copies_done(b)) {
+      b.free = false;
+      g_pinned_cached -= nbytes;
+      return reinterpret_cast<void*>(address);
+    }
+  return nullptr;
+}
+
 // Copies between the host and a device, or between devices, on the device's current
 // stream. A copy to the host waits for it; a copy from pageable host memory returns once
 // CUDA has staged the source, so the caller may free it.
@@ -350,7 +428,20 @@ void cuda_copy_bytes(void* dst, Device dst_device, const void* src, Device src_d
                               : src_device.is_cpu() ? cudaMemcpyHostToDevice
                                                     : cudaMemcpyDeviceToDevice;
   KILN_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, kind, stream), "to_device");
-  if (dst_device.is_cpu()) KILN_CUDA_CHECK(cudaStreamSynchronize(stream), "to_device");
+  if (dst_device.is_cpu()) {
+    KILN_CUDA_CHECK(cudaStreamSynchronize(stream), "to_device");
+    return;
+  }
+  if (src_device.is_cpu()) {
+    // From pinned memory the copy is still running: note it, so the block is not freed
+    // (or reused) before it has been read. (Pageable memory was staged before the return.)
+    std::lock_guard lock(g_pinned_mutex);
+    if (PinnedBlock* block = pinned_block_of(src, nbytes)) {
+      if (!block->last_copy)
+        KILN_CUDA_CHECK(cudaEventCreateWithFlags(&block->last_copy, cudaEventDisableTiming), "to_device");
+      KILN_CUDA_CHECK(cudaEventRecord(block->last_copy, stream), "to_device");
+    }
+  }
 }
 
 struct Registrar {
@@ -417,6 +508,44 @@ void empty_cache() {
     cudaDeviceSynchronize();
     release_cached(d);
   }
+}
+
+Tensor empty_pinned(const Shape& shape, DType dtype) {
+  KILN_CHECK(is_available(), "cuda::empty_pinned: CUDA is not available: {}", unavailable_reason());
+  for (int64_t d : shape) KILN_CHECK(d >= 0, "cuda::empty_pinned: negative size in shape {}", shape_str(shape));
+  const size_t nbytes = std::max<size_t>(static_cast<size_t>(numel_of(shape)) * itemsize(dtype), 1);
+  void* p = take_pinned(nbytes);
+  if (!p) {
+    const cudaError_t err = cudaHostAlloc(&p, nbytes, cudaHostAllocDefault);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      fail("cuda::empty_pinned: cannot pin {} bytes of host memory ({}: {})", nbytes, cudaGetErrorName(err),
+           cudaGetErrorString(err));
+    }
+    std::lock_guard lock(g_pinned_mutex);
+    pinned_blocks()[reinterpret_cast<uintptr_t>(p)] = {nbytes, nullptr, false};
+  }
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = std::make_shared<StorageImpl>(p, nbytes, Device::cpu(), free_pinned);
+  impl->shape = shape;
+  impl->strides = contiguous_strides(shape);
+  impl->dtype = dtype;
+  impl->device = Device::cpu();
+  return Tensor(std::move(impl));
+}
+
+Tensor pin_memory(const Tensor& t) {
+  KILN_CHECK(t.defined() && t.device().is_cpu(), "cuda::pin_memory: expects a CPU tensor, got {}",
+             t.defined() ? t.meta_str() : std::string("an undefined tensor"));
+  Tensor pinned = empty_pinned(t.shape(), t.dtype());
+  pinned.copy_(t);
+  return pinned;
+}
+
+bool is_pinned(const Tensor& t) {
+  if (!t.defined() || !t.device().is_cpu() || !t.storage() || !t.storage()->data) return false;
+  std::lock_guard lock(g_pinned_mutex);
+  return pinned_block_of(t.storage()->data, t.storage()->nbytes) != nullptr;
 }
 
 // ---- CUDA graphs and their pools ----

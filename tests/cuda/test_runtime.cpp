@@ -21,6 +21,32 @@ TEST_CASE("without a GPU the CUDA runtime says why", "[cuda]") {
   CHECK(cuda::memory_summary().find("not available") != std::string::npos);
   CHECK(cuda::allocator_stats().allocations == 0);
   cuda::empty_cache();  // a no-op, not an error
+  CHECK_THROWS_WITH(cuda::pin_memory(ones({3})), Catch::Contains("cuda::") && Catch::Contains("not available"));
+  CHECK_THROWS_WITH(cuda::empty_pinned({3}, DType::f32), Catch::Contains("not available"));
+  CHECK_FALSE(cuda::is_pinned(ones({3})));
+}
+
+TEST_CASE("pinned host memory copies to the GPU and is reused only after its copies", "[cuda]") {
+  KILN_NEEDS_GPU();
+  const Tensor x = randn({1000, 33});
+  const Tensor p = cuda::pin_memory(x);
+  CHECK(cuda::is_pinned(p));
+  CHECK(cuda::is_pinned(p[3]));  // a view of it too
+  CHECK_FALSE(cuda::is_pinned(x));
+  KILN_CHECK_EQUAL(p, x);
+  KILN_CHECK_EQUAL(testing::host(p.to(Device::cuda())), x);
+  CHECK_THROWS_WITH(cuda::pin_memory(zeros({2}, {.device = Device::cuda()})), Catch::Contains("expects a CPU tensor"));
+  // Batches as a loader makes them: fill a pinned buffer, copy it (asynchronously), drop it,
+  // at once, twenty times over; the freed blocks come back only once their copy has run, so
+  // every device copy holds its own batch.
+  std::vector<Tensor> on_gpu, expected;
+  for (int i = 0; i < 20; ++i) {
+    Tensor batch = cuda::empty_pinned({64, 1000}, DType::f32);
+    batch.copy_(full({64, 1000}, static_cast<double>(i)));
+    on_gpu.push_back(batch.to(Device::cuda()));
+    expected.push_back(full({64, 1000}, static_cast<double>(i)));
+  }
+  for (size_t i = 0; i < on_gpu.size(); ++i) KILN_CHECK_EQUAL(testing::host(on_gpu[i]), expected[i]);
 }
 
 TEST_CASE("CUDA devices report their properties", "[cuda]") {

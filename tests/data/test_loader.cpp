@@ -106,6 +106,27 @@ TEST_CASE("Loader batches are identical for 0 1 and 3 workers", "[loader]") {
   }
 }
 
+TEST_CASE("Loader pin_memory gives the same batches, pinned where CUDA is available", "[loader]") {
+  auto dataset = std::make_shared<CountingDataset>(23);
+  const LoaderOptions base{.batch_size = 4, .shuffle = true, .seed = 7};
+  Loader reference(dataset, base);
+  for (int64_t workers : {0, 2}) {
+    INFO(workers << " workers");
+    LoaderOptions options = base;
+    options.workers = workers;
+    options.pin_memory = true;
+    Loader pinned(dataset, options);
+    CHECK(pinned.pinned() == cuda::is_available());  // elsewhere ordinary memory
+    const std::vector<Batch> batches = collect(pinned, 0);
+    require_same_batches(batches, collect(reference, 0));
+    for (const Batch& b : batches) {
+      CHECK(cuda::is_pinned(b.input) == cuda::is_available());
+      CHECK(cuda::is_pinned(b.target) == cuda::is_available());
+    }
+  }
+  CHECK_FALSE(Loader(dataset, base).pinned());
+}
+
 TEST_CASE("Loader shuffle is a permutation that changes with epoch and seed", "[loader]") {
   auto dataset = std::make_shared<CountingDataset>(50);
   std::vector<int64_t> identity(50);
