@@ -325,20 +325,27 @@ void cuda_release(void* p, size_t, int device) {
 //
 // Each pinned block is one cudaHostAlloc, registered by address so that a copy can tell
 // pinned memory from pageable. A copy from a pinned block returns as soon as it is queued;
-// the block remembers an event recorded after its last such copy. A freed block is kept
-// (up to kPinnedCache bytes) and handed out again, once that event has passed, to a request
-// of its exact size: a loader asks for the same batch size every step, and cudaHostAlloc
-// is slow (milliseconds for a batch of images).
+// the block keeps an event per (device, stream) it was copied on, recorded after the last
+// such copy. A freed block is kept (up to kPinnedCache bytes, evicting free blocks whose
+// copies are done when it is full) and handed out again, once its events have passed, to a
+// request of its exact size: a loader asks for the same batch size every step, and
+// cudaHostAlloc is slow (milliseconds for a batch of images).
 
 constexpr size_t kPinnedCache = size_t{1} << 30;
 
+struct PinnedCopy {
+  int device = 0;
+  cudaStream_t stream = nullptr;
+  cudaEvent_t event = nullptr;
+};
 struct PinnedBlock {
   size_t nbytes = 0;
-  cudaEvent_t last_copy = nullptr;
+  std::vector<PinnedCopy> copies;
   bool free = false;
 };
 std::mutex g_pinned_mutex;
 size_t g_pinned_cached = 0;  // bytes in free blocks
+size_t g_pinned_bytes = 0;   // bytes in all blocks
 std::map<uintptr_t, PinnedBlock>& pinned_blocks() {
   static auto* m = new std::map<uintptr_t, PinnedBlock>;  // outlives every tensor
   return *m;
@@ -354,36 +361,73 @@ PinnedBlock* pinned_block_of(const void* p, size_t nbytes) {
   return !it->second.free && address + nbytes <= it->first + it->second.nbytes ? &it->second : nullptr;
 }
 
-// Whether the block's last copy has finished (it may be reused).
+// Whether every copy from the block has finished (it may be reused). A broken event (a
+// failed context) counts as finished: nothing will run on it any more.
 bool copies_done(const PinnedBlock& b) {
-  if (!b.last_copy) return true;
-  const cudaError_t e = cudaEventQuery(b.last_copy);
-  if (e == cudaSuccess) return true;
-  if (e != cudaErrorNotReady) cudaGetLastError();
-  return false;
+  for (const PinnedCopy& c : b.copies) {
+    const cudaError_t e = cudaEventQuery(c.event);
+    if (e == cudaErrorNotReady) return false;
+    if (e != cudaSuccess) cudaGetLastError();
+  }
+  return true;
 }
 
-void release_pinned(uintptr_t address, PinnedBlock& b) {  // (caller holds g_pinned_mutex)
-  if (b.last_copy) {
-    cudaEventSynchronize(b.last_copy);  // the last copy from it has read it
-    cudaEventDestroy(b.last_copy);
+// Frees a block that is no longer registered: waits for its copies, then cudaFreeHost.
+void release_pinned(uintptr_t address, const std::vector<PinnedCopy>& copies) {
+  for (const PinnedCopy& c : copies) {
+    cudaEventSynchronize(c.event);
+    cudaEventDestroy(c.event);
   }
   cudaFreeHost(reinterpret_cast<void*>(address));
   cudaGetLastError();
 }
 
-void free_pinned(void* p) {
-  std::lock_guard lock(g_pinned_mutex);
+struct Unregistered {
+  uintptr_t address;
+  std::vector<PinnedCopy> copies;
+};
+
+// Unregisters free blocks (copies done first) until `wanted` more bytes fit in the cache,
+// or all of them with wanted = SIZE_MAX; the caller frees them outside the lock.
+std::vector<Unregistered> evict_pinned(size_t wanted) {
+  std::vector<Unregistered> out;
   auto& blocks = pinned_blocks();
-  auto it = blocks.find(reinterpret_cast<uintptr_t>(p));
-  if (it == blocks.end()) return;
-  if (g_pinned_cached + it->second.nbytes <= kPinnedCache) {
-    it->second.free = true;
-    g_pinned_cached += it->second.nbytes;
-    return;
+  for (auto it = blocks.begin(); it != blocks.end() && (wanted == SIZE_MAX || g_pinned_cached + wanted > kPinnedCache);) {
+    if (it->second.free && (wanted == SIZE_MAX || copies_done(it->second))) {
+      g_pinned_cached -= it->second.nbytes;
+      g_pinned_bytes -= it->second.nbytes;
+      out.push_back({it->first, std::move(it->second.copies)});
+      it = blocks.erase(it);
+    } else {
+      ++it;
+    }
   }
-  release_pinned(it->first, it->second);
-  blocks.erase(it);
+  return out;
+}
+
+void free_unregistered(const std::vector<Unregistered>& blocks) {
+  for (const Unregistered& b : blocks) release_pinned(b.address, b.copies);
+}
+
+void free_pinned(void* p) {
+  std::vector<Unregistered> to_free;
+  {
+    std::lock_guard lock(g_pinned_mutex);
+    auto& blocks = pinned_blocks();
+    auto it = blocks.find(reinterpret_cast<uintptr_t>(p));
+    if (it == blocks.end()) return;
+    const size_t n = it->second.nbytes;
+    if (g_pinned_cached + n > kPinnedCache) to_free = evict_pinned(n);
+    if (g_pinned_cached + n <= kPinnedCache) {
+      it->second.free = true;
+      g_pinned_cached += n;
+    } else {
+      g_pinned_bytes -= n;
+      to_free.push_back({it->first, std::move(it->second.copies)});
+      blocks.erase(it);
+    }
+  }
+  free_unregistered(to_free);  // outside the lock: waits for copies, and cudaFreeHost synchronizes
 }
 
 // A cached free block of exactly `nbytes` whose copies are done, taken; or null.
@@ -396,6 +440,27 @@ void* take_pinned(size_t nbytes) {
       return reinterpret_cast<void*>(address);
     }
   return nullptr;
+}
+
+// Notes a copy from pinned block `block` queued on `stream` of `device` (current): its
+// event for that stream, created on first use, recorded after the copy. On failure the
+// copy is waited for, so the block is never reused under it.
+void note_pinned_copy(PinnedBlock& block, int device, cudaStream_t stream) {
+  PinnedCopy* entry = nullptr;
+  for (PinnedCopy& c : block.copies)
+    if (c.device == device && c.stream == stream) entry = &c;
+  cudaError_t err = cudaSuccess;
+  if (!entry) {
+    cudaEvent_t event = nullptr;
+    err = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
+    if (err == cudaSuccess) entry = &block.copies.emplace_back(PinnedCopy{device, stream, event});
+  }
+  if (err == cudaSuccess) err = cudaEventRecord(entry->event, stream);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    cudaStreamSynchronize(stream);
+    check(err, "to_device");
+  }
 }
 
 // Copies between the host and a device, or between devices, on the device's current
@@ -436,11 +501,7 @@ void cuda_copy_bytes(void* dst, Device dst_device, const void* src, Device src_d
     // From pinned memory the copy is still running: note it, so the block is not freed
     // (or reused) before it has been read. (Pageable memory was staged before the return.)
     std::lock_guard lock(g_pinned_mutex);
-    if (PinnedBlock* block = pinned_block_of(src, nbytes)) {
-      if (!block->last_copy)
-        KILN_CUDA_CHECK(cudaEventCreateWithFlags(&block->last_copy, cudaEventDisableTiming), "to_device");
-      KILN_CUDA_CHECK(cudaEventRecord(block->last_copy, stream), "to_device");
-    }
+    if (PinnedBlock* block = pinned_block_of(src, nbytes)) note_pinned_copy(*block, device, stream);
   }
 }
 
@@ -496,11 +557,25 @@ std::string memory_summary(int device) {
   out += fmt::format("  blocks: {} live, {} cached; {} allocations, {} from the cache; {} cudaMalloc, {} cudaFree\n",
                      live_blocks, cached_blocks, s.allocations, s.cache_hits, s.cuda_mallocs, s.cuda_frees);
   if (s.graph_pools > 0) out += fmt::format("  CUDA graph pools: {} of the reserved bytes\n", mib(s.graph_pools));
+  {
+    std::lock_guard lock(g_pinned_mutex);
+    if (g_pinned_bytes > 0)
+      out += fmt::format("  pinned host memory: {} ({} cached for reuse)\n", mib(static_cast<int64_t>(g_pinned_bytes)),
+                         mib(static_cast<int64_t>(g_pinned_cached)));
+  }
   return out;
 }
 
 void empty_cache() {
   if (!is_available()) return;
+  {
+    std::vector<Unregistered> cached;
+    {
+      std::lock_guard lock(g_pinned_mutex);
+      cached = evict_pinned(SIZE_MAX);
+    }
+    free_unregistered(cached);
+  }
   std::lock_guard lock(g_alloc_mutex);
   for (int d = 0; d < device_count(); ++d) {
     // Blocks may still be read by queued kernels: finish them before freeing.
@@ -516,14 +591,25 @@ Tensor empty_pinned(const Shape& shape, DType dtype) {
   const size_t nbytes = std::max<size_t>(static_cast<size_t>(numel_of(shape)) * itemsize(dtype), 1);
   void* p = take_pinned(nbytes);
   if (!p) {
-    const cudaError_t err = cudaHostAlloc(&p, nbytes, cudaHostAllocDefault);
+    cudaError_t err = cudaHostAlloc(&p, nbytes, cudaHostAllocDefault);
+    if (err != cudaSuccess) {  // free the cache and try once more
+      cudaGetLastError();
+      std::vector<Unregistered> cached;
+      {
+        std::lock_guard lock(g_pinned_mutex);
+        cached = evict_pinned(SIZE_MAX);
+      }
+      free_unregistered(cached);
+      err = cudaHostAlloc(&p, nbytes, cudaHostAllocDefault);
+    }
     if (err != cudaSuccess) {
       cudaGetLastError();
       fail("cuda::empty_pinned: cannot pin {} bytes of host memory ({}: {})", nbytes, cudaGetErrorName(err),
            cudaGetErrorString(err));
     }
     std::lock_guard lock(g_pinned_mutex);
-    pinned_blocks()[reinterpret_cast<uintptr_t>(p)] = {nbytes, nullptr, false};
+    pinned_blocks()[reinterpret_cast<uintptr_t>(p)] = PinnedBlock{nbytes, {}, false};
+    g_pinned_bytes += nbytes;
   }
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = std::make_shared<StorageImpl>(p, nbytes, Device::cpu(), free_pinned);

@@ -47,6 +47,27 @@ TEST_CASE("pinned host memory copies to the GPU and is reused only after its cop
     expected.push_back(full({64, 1000}, static_cast<double>(i)));
   }
   for (size_t i = 0; i < on_gpu.size(); ++i) KILN_CHECK_EQUAL(testing::host(on_gpu[i]), expected[i]);
+  // With the stream busy (a few large products queued first), a block freed right after its
+  // copy was queued is not handed out again until the copy has run.
+  cuda::synchronize();
+  const Tensor big = randn({4096, 4096}).to(Device::cuda());
+  Tensor busy = big;
+  for (int i = 0; i < 8; ++i) busy = matmul(busy, big) * 1e-3;
+  Tensor first = cuda::empty_pinned({1 << 20}, DType::f32);
+  const void* address = first.data_ptr();
+  first.fill_(3);
+  const Tensor copied = first.to(Device::cuda());
+  first = Tensor();  // freed with its copy (most likely) still queued behind the products
+  const Tensor second = cuda::empty_pinned({1 << 20}, DType::f32);
+  INFO("the first block " << (second.data_ptr() == address ? "was" : "was not") << " handed out again at once");
+  cuda::synchronize();
+  KILN_CHECK_EQUAL(testing::host(copied), full({1 << 20}, 3.0));
+  const Tensor third = cuda::empty_pinned({1 << 20}, DType::f32);
+  CHECK((third.data_ptr() == address || second.data_ptr() == address));  // reused once the copy ran
+  CHECK(cuda::memory_summary().find("pinned host memory") != std::string::npos);
+  // A view in the middle of a block copies (and is tracked) like the block.
+  const Tensor rows = cuda::pin_memory(arange(0, 1000, 1, {.dtype = DType::f32}).reshape({10, 100}));
+  KILN_CHECK_EQUAL(testing::host(rows[4].to(Device::cuda())), arange(400, 500, 1, {.dtype = DType::f32}));
 }
 
 TEST_CASE("CUDA devices report their properties", "[cuda]") {
