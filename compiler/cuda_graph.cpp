@@ -35,6 +35,15 @@ class CudaGraphRecorder final : public GraphRecorder {
   cuda::CudaGraph graph_;
 };
 
+// A new tensor object viewing the same memory as t (the caller may change its metadata
+// without touching the replay's own).
+Tensor alias_of(const Tensor& t) {
+  auto impl = std::make_shared<TensorImpl>(*t.impl());
+  impl->autograd = nullptr;
+  impl->requires_grad = false;
+  return Tensor(std::move(impl));
+}
+
 }  // namespace
 
 std::vector<bool> staged_inputs(const Trace& t) {
@@ -122,7 +131,7 @@ std::vector<Tensor> GraphReplay::results(const std::vector<Tensor>& inputs) cons
       const Tensor& s = static_inputs_[i];
       if (!s.defined() || s.storage() != o.storage()) continue;
       if (o.same(s)) result = inputs[i];  // a written-back input: the caller's tensor
-      else if (!staged_[i]) result = o;   // a view of an input used where it is
+      else if (!staged_[i]) result = alias_of(o);  // a view of an input used where it is (a fresh one)
       break;                              // (a view of a staged copy is copied out)
     }
     // In the pool (or a staged copy): the next replay writes it again.

@@ -219,6 +219,21 @@ TEST_CASE("GraphReplay copies arguments and written inputs, captures again when 
   GraphReplay sharing(program2, staged_inputs(t2), [&captures] { return std::make_unique<CpuRecorder>(&captures); });
   for (int call = 0; call < 3; ++call) expect(sharing.run(t2.inputs_for({x0})).at(0), {0, 6, 14, 24});
   CHECK(sharing.captures() == 1);
+  // A result that views an unstaged input is a view of the caller's memory, a new tensor
+  // object each call.
+  const TracedFunction view_out = [&hi](const Args& a) -> Args { return {a[0] * 3, hi.unsqueeze(0)}; };
+  Trace t3 = trace(view_out, {x0});
+  auto program3 = std::make_shared<Program>(run_pipeline(t3.graph, default_compile_passes(), nullptr, false));
+  GraphReplay views(program3, staged_inputs(t3), [&captures] { return std::make_unique<CpuRecorder>(&captures); });
+  std::vector<Tensor> seen;
+  for (int call = 0; call < 3; ++call) {
+    const std::vector<Tensor> r = views.run(t3.inputs_for({x0}));
+    expect(r.at(1).reshape({4}), {4, 5, 6, 7});
+    CHECK(r.at(1).storage() == halves.storage());
+    for (const Tensor& earlier : seen) CHECK_FALSE(earlier.same(r.at(1)));
+    seen.push_back(r.at(1));
+  }
+  CHECK(views.captures() == 1);
   CHECK(sharing.skip_reason().empty());
 
   // A staged input sharing memory with another: not captured (its copy would stop sharing it).
