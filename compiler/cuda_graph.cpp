@@ -141,29 +141,9 @@ std::vector<Tensor> GraphReplay::results(const std::vector<Tensor>& inputs) cons
   return out;
 }
 
-namespace {
-
-// Turns cuDNN's timed algorithm choice on (when asked) for a scope.
-class TimedAlgorithms {
- public:
-  explicit TimedAlgorithms(bool on) : on_(on), was_(cuda::cudnn_benchmark()) {
-    if (on_) cuda::set_cudnn_benchmark(true);
-  }
-  ~TimedAlgorithms() {
-    if (on_) cuda::set_cudnn_benchmark(was_);
-  }
-  TimedAlgorithms(const TimedAlgorithms&) = delete;
-  TimedAlgorithms& operator=(const TimedAlgorithms&) = delete;
-
- private:
-  bool on_, was_;
-};
-
-}  // namespace
-
 std::vector<Tensor> GraphReplay::run(const std::vector<Tensor>& inputs) {
   NoGradGuard no_grad;  // the copies in and out record no autograd history
-  const TimedAlgorithms timed(time_library_algorithms_);
+  const cuda::ThreadCudnnBenchmark timed(time_library_algorithms_);
   if (skip_reason_.empty() && program_->profiling())
     skip_reason_ = "profiling times every step, which a graph cannot";
   if (!skip_reason_.empty()) return uncaptured(inputs);

@@ -65,8 +65,8 @@ class GraphReplay {
   // What Program::run returns for `inputs`.
   std::vector<Tensor> run(const std::vector<Tensor>& inputs);
 
-  // max-autotune: cuDNN chooses convolution algorithms by timing (cuda::set_cudnn_benchmark)
-  // during every run of the program (the setting is process-wide; it is restored after).
+  // max-autotune: cuDNN chooses convolution algorithms by timing during every run of the
+  // program (cuda::ThreadCudnnBenchmark: this thread only).
   void set_time_library_algorithms(bool on) { time_library_algorithms_ = on; }
 
   const std::string& skip_reason() const { return skip_reason_; }  // "" while it captures

@@ -59,5 +59,7 @@ void CudaGraph::replay() const { unavailable("cuda::CudaGraph::replay"); }
 namespace kiln::cuda {
 void set_cudnn_benchmark(bool) {}
 bool cudnn_benchmark() { return false; }
+ThreadCudnnBenchmark::ThreadCudnnBenchmark(bool) : previous_(false) {}
+ThreadCudnnBenchmark::~ThreadCudnnBenchmark() = default;
 }  // namespace kiln::cuda
 #endif

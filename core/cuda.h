@@ -88,6 +88,18 @@ bool allow_tf32();
 // (true, like torch.backends.cudnn.benchmark; the first call of each shape is slower).
 void set_cudnn_benchmark(bool on);
 bool cudnn_benchmark();
+// The same for the calling thread only, while the guard lives (compile's max-autotune
+// around its programs' runs): convolutions choose by timing when either is on.
+class ThreadCudnnBenchmark {
+ public:
+  explicit ThreadCudnnBenchmark(bool on);
+  ~ThreadCudnnBenchmark();
+  ThreadCudnnBenchmark(const ThreadCudnnBenchmark&) = delete;
+  ThreadCudnnBenchmark& operator=(const ThreadCudnnBenchmark&) = delete;
+
+ private:
+  bool previous_;
+};
 
 // The ops that ran on CUDA tensors through the host fallback since the process started
 // (copied to the CPU, computed there, copied back: correct and slow), sorted; ops get real

@@ -197,6 +197,7 @@ cudnnStatus_t execute(cudnnHandle_t h, const ConvCall& c, int algo, const Tensor
 }
 
 std::atomic<bool> g_benchmark{false};
+thread_local bool t_benchmark = false;  // ThreadCudnnBenchmark
 std::atomic<int64_t> g_searches{0};
 
 // Memory a timed search leaves free for everything else (cuDNN's own scratch, other streams).
@@ -273,7 +274,7 @@ void run(const ConvCall& c, Device device, void* x, void* w, void* y) {
   const char* op = name_of(c.dir);
   DeviceGuard guard(device.index);
   cudnnHandle_t h = dnn::handle_for(device.index, op);
-  const bool benchmark = g_benchmark.load();
+  const bool benchmark = g_benchmark.load() || t_benchmark;
   const std::string key = benchmark ? c.key + " timed" : c.key;
   std::vector<Candidate> tries;
   {
@@ -408,6 +409,8 @@ struct Registrar {
 
 void set_cudnn_benchmark(bool on) { g_benchmark.store(on); }
 bool cudnn_benchmark() { return g_benchmark.load(); }
+ThreadCudnnBenchmark::ThreadCudnnBenchmark(bool on) : previous_(t_benchmark) { t_benchmark = t_benchmark || on; }
+ThreadCudnnBenchmark::~ThreadCudnnBenchmark() { t_benchmark = previous_; }
 
 namespace dnn {
 int64_t cudnn_algorithm_searches() { return g_searches.load(); }
