@@ -248,6 +248,11 @@ std::shared_ptr<Program> build_program(const Graph& traced, const CompileOptions
   return program;
 }
 
+// Whether the mode replays CUDA graphs (reduce-overhead and max-autotune).
+bool graphs_mode(const CompileOptions& options) {
+  return options.mode == "reduce-overhead" || options.mode == "max-autotune";
+}
+
 // The CUDA graph pool of each GPU, shared by the graphs of one compiled function.
 using PoolOf = std::function<std::shared_ptr<cuda::MemPool>(int device)>;
 
@@ -261,7 +266,7 @@ std::shared_ptr<Program> install_backend(Trace& t, const CompileOptions& options
   std::function<std::vector<Tensor>(const std::vector<Tensor>&)> run = [program](const std::vector<Tensor>& inputs) {
     return program->run(inputs);
   };
-  if (options.mode == "reduce-overhead" || options.mode == "max-autotune") {
+  if (graphs_mode(options)) {
     // max-autotune: the CUDA kernels' launches timed at their first run, and cuDNN's
     // algorithms timed (benchmark mode) for every run of the program.
     const bool autotune = options.mode == "max-autotune";
@@ -306,11 +311,6 @@ std::string count(size_t n, const char* noun) {
 
 std::string value_text(const Graph& graph, Value v) {
   return fmt::format("%{} {}", graph.value_number(v), graph.type(v).str());
-}
-
-// Whether the mode replays CUDA graphs (reduce-overhead and max-autotune).
-bool graphs_mode(const CompileOptions& options) {
-  return options.mode == "reduce-overhead" || options.mode == "max-autotune";
 }
 
 void check_mode(const CompileOptions& options) {

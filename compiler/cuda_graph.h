@@ -73,7 +73,6 @@ class GraphReplay {
   int64_t captures() const { return captures_; }
   int64_t replays() const { return replays_; }
   int64_t uncaptured_runs() const { return uncaptured_runs_; }
-  const Program& program() const { return *program_; }
 
  private:
   std::vector<Tensor> uncaptured(const std::vector<Tensor>& inputs);

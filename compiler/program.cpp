@@ -476,7 +476,7 @@ std::vector<Tensor> Program::run(const std::vector<Tensor>& inputs) const {
       kernel_outputs.push_back(std::move(out));
     }
     const KernelStep& k = kernels_[static_cast<size_t>(kernel_of_[s])];
-    if (k.device.is_cuda() && autotune_ && !k.tuned) {
+    if (k.device.is_cuda() && autotune_ && !k.tuned && kernel.num_reduced == 0) {  // (reductions keep theirs)
       k.tuning = codegen::tune_cuda_launch(k.cuda, kernel, kernel_inputs, kernel_outputs);
       k.tuned = true;
     }

@@ -117,15 +117,15 @@ void run_cuda_kernel(const CudaFunction& function, const Kernel& kernel, std::sp
 TunedLaunch tune_cuda_launch(const CudaFunction& function, const Kernel& kernel, std::span<const Tensor> inputs,
                              std::span<const Tensor> outputs) {
   KILN_CHECK(!outputs.empty(), "tune_cuda_launch {}: no outputs", kernel.name);
+  KILN_CHECK(kernel.num_reduced == 0, "tune_cuda_launch {}: a reduction keeps its launch (it orders its sums)",
+             kernel.name);
   const Device device = outputs[0].device();
   std::vector<Tensor> scratch;
   for (const Tensor& o : outputs) scratch.push_back(make_tensor(o.shape(), o.dtype(), o.device(), o.suggest_memory_format()));
   const int64_t sms = cuda::device_properties(device.index).multiprocessors;
   std::vector<LaunchTuning> candidates = {{}};  // the default first: it wins ties
-  if (kernel.num_reduced == 0)
-    for (int block : {256, 128, 64})
-      for (int64_t grid : {int64_t{65536}, sms * 32, sms * 8, sms * 2})
-        candidates.push_back({block, grid});
+  for (int block : {256, 128, 64})
+    for (int64_t grid : {int64_t{65536}, sms * 32, sms * 8, sms * 2}) candidates.push_back({block, grid});
   const cuda::Stream stream = cuda::current_stream(device.index);
   cuda::Event start(device.index), stop(device.index);
   constexpr int kRuns = 5;

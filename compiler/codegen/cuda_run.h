@@ -43,10 +43,9 @@ struct LaunchTuning {
 void run_cuda_kernel(const CudaFunction& function, const Kernel& kernel, std::span<const Tensor> inputs,
                      std::span<const Tensor> outputs, const LaunchTuning& tuning = {});
 
-// Times `function` under each candidate launch (pointwise kernels: a few block sizes and
-// grid caps; others: only the default) on `inputs`, writing into scratch tensors shaped as
-// `outputs`, and returns the fastest with its time in microseconds and the default's.
-// Synchronizes the device.
+// Times pointwise kernel `function` under each candidate launch (a few block sizes and grid
+// caps) on `inputs`, writing into scratch tensors shaped as `outputs`, and returns the
+// fastest with its time in microseconds and the default's. Synchronizes the stream.
 struct TunedLaunch {
   LaunchTuning tuning;
   double best_us = 0, default_us = 0;

@@ -54,6 +54,18 @@ struct LaunchShape {
 // Launches on `device`'s current stream; `args` points at each parameter's value.
 void launch(const LoadedKernel& kernel, const LaunchShape& shape, void** args, int device);
 
+// Pinned host memory (pinned.cpp), as the copies and the allocator's reports see it. A copy
+// from host memory [src, src + nbytes) queued on `stream` of `device` is noted: when the
+// memory is pinned, its block is not handed out again before the copy has run.
+void note_copy_from_host(const void* src, size_t nbytes, int device, cudaStream_t stream);
+// Frees the cached free pinned blocks (empty_cache).
+void release_pinned_cache();
+// Bytes in pinned blocks, and of those, in cached free ones.
+struct PinnedBytes {
+  int64_t total = 0, cached = 0;
+};
+PinnedBytes pinned_bytes();
+
 // While this thread captures a CUDA graph on `device` (its current stream is the capture
 // stream): the stream the graph's replays will run on; nullptr otherwise.
 cudaStream_t capture_replay_stream(int device);
