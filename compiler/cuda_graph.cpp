@@ -12,7 +12,8 @@ namespace kiln::compiler {
 
 namespace {
 
-// A fresh tensor holding t's elements in t's layout (a result copied out of the pool).
+// A fresh tensor holding t's elements in t's layout (a result copied out of the pool, a
+// staged input's copy).
 Tensor copy_of(const Tensor& t) {
   Tensor out = make_tensor(t.shape(), t.dtype(), t.device(), t.suggest_memory_format());
   out.impl()->wrapped_number = t.is_wrapped_number();
@@ -99,9 +100,11 @@ void GraphReplay::capture(const std::vector<Tensor>& inputs) {
   std::unordered_map<const StorageImpl*, int> users;
   for (const Tensor& t : inputs)
     if (t.defined()) ++users[t.storage().get()];
+  const Graph& g = program_->graph();
+  auto name = [&](size_t i) { return g.node(g.inputs()[i]).name; };
   for (size_t i = 0; i < inputs.size(); ++i)
     KILN_CHECK(!staged_[i] || !inputs[i].defined() || users[inputs[i].storage().get()] == 1,
-               "input \"{}\" shares memory with another input", program_->graph().node(program_->graph().inputs()[i]).name);
+               "input \"{}\" shares memory with another input", name(i));
   static_inputs_.assign(inputs.size(), Tensor());
   for (size_t i = 0; i < inputs.size(); ++i) {
     const Tensor& in = inputs[i];
@@ -109,12 +112,9 @@ void GraphReplay::capture(const std::vector<Tensor>& inputs) {
       static_inputs_[i] = in;
       continue;
     }
-    const MemoryFormat format = in.suggest_memory_format();
-    KILN_CHECK(in.is_contiguous(format), "input \"{}\" ({}) is not dense in memory",
-               program_->graph().node(program_->graph().inputs()[i]).name, in.meta_str());
-    static_inputs_[i] = make_tensor(in.shape(), in.dtype(), in.device(), format);
-    static_inputs_[i].impl()->wrapped_number = in.is_wrapped_number();
-    static_inputs_[i].copy_(in);
+    KILN_CHECK(in.is_contiguous(in.suggest_memory_format()), "input \"{}\" ({}) is not dense in memory", name(i),
+               in.meta_str());
+    static_inputs_[i] = copy_of(in);  // in its layout: the strides the program was made for
   }
   std::unique_ptr<GraphRecorder> graph = make_recorder_();
   static_outputs_ = graph->capture([this] { return program_->run(static_inputs_); });
@@ -130,9 +130,9 @@ std::vector<Tensor> GraphReplay::results(const std::vector<Tensor>& inputs) cons
     for (size_t i = 0; i < static_inputs_.size() && o.defined(); ++i) {
       const Tensor& s = static_inputs_[i];
       if (!s.defined() || s.storage() != o.storage()) continue;
-      if (o.same(s)) result = inputs[i];  // a written-back input: the caller's tensor
+      if (o.same(s)) result = inputs[i];           // a written-back input: the caller's tensor
       else if (!staged_[i]) result = alias_of(o);  // a view of an input used where it is (a fresh one)
-      break;                              // (a view of a staged copy is copied out)
+      break;                                       // (a view of a staged copy is copied out)
     }
     // In the pool (or a staged copy): the next replay writes it again.
     if (o.defined() && !result.defined()) result = copy_of(o);

@@ -371,9 +371,14 @@ std::vector<Tensor> Program::run(const std::vector<Tensor>& inputs) const {
     // could not repeat (compiler/cuda_graph.h); no step writes a constant, and an output
     // over a constant's memory is copied (below).
     std::vector<Tensor> made(nodes.size());
+    std::unordered_set<const StorageImpl*> storages;
     for (size_t n = 0; n < nodes.size(); ++n)
-      if (nodes[n].kind == NodeKind::constant) made[n] = constant_tensor(nodes[n]);
+      if (nodes[n].kind == NodeKind::constant) {
+        made[n] = constant_tensor(nodes[n]);
+        storages.insert(made[n].storage().get());
+      }
     constants_ = std::move(made);
+    constant_storages_ = std::move(storages);
   }
   for (size_t n = 0; n < nodes.size(); ++n) {
     if (nodes[n].kind == NodeKind::constant) values[n] = {constants_[n]};
@@ -494,11 +499,7 @@ std::vector<Tensor> Program::run(const std::vector<Tensor>& inputs) const {
   // A result over a constant's memory (a view of a folded constant) is the caller's to
   // change: a copy, so that the constant stays what the next run reads.
   for (Tensor& out : outputs)
-    for (size_t n = 0; out.defined() && n < constants_.size(); ++n)
-      if (constants_[n].defined() && constants_[n].storage() == out.storage()) {
-        out = out.clone();
-        break;
-      }
+    if (out.defined() && constant_storages_.contains(out.storage().get())) out = out.clone();
   return outputs;
 }
 

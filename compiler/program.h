@@ -13,6 +13,7 @@
 // reuse_input_); eager and view steps go through call_op.
 #include <cstdint>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "compiler/codegen/cuda_run.h"
@@ -124,6 +125,7 @@ class Program {
   int64_t planned_peak_bytes_ = 0;
   int gpu_ = -1;  // the GPU the graph's tensors are on (-1: none): profiling waits for it
   mutable std::vector<Tensor> constants_;  // per node: a constant node's tensor, made at the first run
+  mutable std::unordered_set<const StorageImpl*> constant_storages_;  // their memory
   bool profiling_ = false;
   bool autotune_ = false;
   mutable std::vector<double> step_ms_;  // per step: total milliseconds while profiling
