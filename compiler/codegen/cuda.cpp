@@ -13,6 +13,17 @@ namespace {
 constexpr int kMaxBlock = 256;      // the __launch_bounds__ of every kernel
 constexpr int kWarp = 32;
 constexpr int64_t kMaxGrid = 65536;  // enough blocks to fill any GPU; the loops stride past it
+constexpr int kVector = 4;           // elements per thread on a pointwise kernel's vector path
+
+// kVector elements of T as one load or store: 16 bytes for f32, 8 for f16 and bf16 (f64:
+// two 16-byte accesses). {0} is kVector.
+constexpr const char* kVectorTypes = R"(template <class T> struct alignas(sizeof(T) * {0} < 16 ? sizeof(T) * {0} : 16) kiln_vec {{
+  T v[{0}];
+}};
+template <class T> __device__ inline bool kiln_aligned(const T* p) {{
+  return reinterpret_cast<unsigned long long>(p) % alignof(kiln_vec<T>) == 0;
+}}
+)";
 
 // Warp shuffles move 32- and 64-bit values; bool and unsigned char go through unsigned int.
 constexpr const char* kShuffle = R"(template <class T> __device__ inline T kiln_shfl_down(T v, int delta) {
@@ -36,6 +47,7 @@ class CudaRenderer : KernelRenderer {
     out_ += "#include \"core/half.h\"\n#include \"kernels/scalar.h\"\n\n";
     out_ += fmt::format("struct KilnArgs {{ long long v[{}]; }};\n", std::max(1, arg_layout(k_).count));
     if (k_.num_reduced > 0) out_ += kShuffle;
+    else out_ += fmt::format(fmt::runtime(kVectorTypes), kVector);
     out_ += "\n";
     std::vector<std::string> params;
     for (const Buffer& buf : k_.buffers) {
@@ -54,31 +66,101 @@ class CudaRenderer : KernelRenderer {
   }
 
  private:
-  // Declares i<begin>..i<end-1> from the linear index `linear` over those dims (row-major).
-  void unravel(int depth, const std::string& linear, int32_t begin, int32_t end) {
+  // Declares i<begin>..i<end-1> from the linear index `linear` over those dims (row-major),
+  // `bound` (an expression) exceeding it. While the bound fits 32 bits, the divisions are
+  // 32-bit: a 64-bit one is a long subroutine on the GPU, and a 4-d kernel does three per
+  // element (merged dims make most sizes 1, which does not make dividing cheaper).
+  void unravel(int depth, const std::string& linear, int32_t begin, int32_t end, const std::string& bound) {
     if (begin >= end) return;
     if (end - begin == 1) {
       line(depth, fmt::format("const long long i{} = {};", begin, linear));
       return;
     }
-    const std::string rest = linear + "_rest";
-    line(depth, fmt::format("long long {} = {};", rest, linear));
+    std::vector<std::string> names;
+    for (int32_t d = begin; d < end; ++d) names.push_back(fmt::format("i{}", d));
+    line(depth, fmt::format("long long {};", fmt::join(names, ", ")));
+    line(depth, fmt::format("if ({} <= 0xffffffffLL) {{", bound));
+    const std::string narrow = linear + "_rest32";
+    line(depth + 1, fmt::format("unsigned int {} = static_cast<unsigned int>({});", narrow, linear));
     for (int32_t d = end - 1; d > begin; --d) {
-      line(depth, fmt::format("const long long i{} = {} % n{};", d, rest, d));
-      line(depth, fmt::format("{} /= n{};", rest, d));
+      line(depth + 1, fmt::format("i{} = {} % static_cast<unsigned int>(n{});", d, narrow, d));
+      line(depth + 1, fmt::format("{} /= static_cast<unsigned int>(n{});", narrow, d));
     }
-    line(depth, fmt::format("const long long i{} = {};", begin, rest));
+    line(depth + 1, fmt::format("i{} = {};", begin, narrow));
+    line(depth, "} else {");
+    const std::string rest = linear + "_rest";
+    line(depth + 1, fmt::format("long long {} = {};", rest, linear));
+    for (int32_t d = end - 1; d > begin; --d) {
+      line(depth + 1, fmt::format("i{} = {} % n{};", d, rest, d));
+      line(depth + 1, fmt::format("{} /= n{};", rest, d));
+    }
+    line(depth + 1, fmt::format("i{} = {};", begin, rest));
+    line(depth, "}");
   }
 
+  // The pointwise loop. When the innermost size is a multiple of kVector and every buffer
+  // that walks the innermost dim does so with stride 1 from a kVector-aligned start (its
+  // offset, its other strides and its address aligned), each thread takes kVector
+  // consecutive elements: one vector load per such buffer, the body once per lane, one
+  // vector store per output. Buffers broadcast along the innermost dim read one element
+  // for the whole vector. Otherwise (or for rank 0) one element per thread.
   void pointwise() {
     line(1, fmt::format("const long long total = {};", product(0, k_.rank)));
     line(1, "const long long stride = static_cast<long long>(gridDim.x) * blockDim.x;");
-    line(1, "for (long long linear = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; "
-            "linear < total; linear += stride) {");
-    unravel(2, "linear", 0, k_.rank);
+    line(1, "const long long first = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;");
+    if (k_.rank > 0) vector_loop();
+    line(1, "for (long long linear = first; linear < total; linear += stride) {");
+    unravel(2, "linear", 0, k_.rank, "total");
     body(2, false);
     stores(2, false);
     line(1, "}");
+  }
+
+  void vector_loop() {
+    const int32_t last = k_.rank - 1;
+    std::vector<std::string> fits = {fmt::format("n{} % {} == 0", last, kVector)};
+    vector_buffer_.assign(k_.buffers.size(), false);
+    for (size_t b = 0; b < k_.buffers.size(); ++b) {
+      const Buffer& buf = k_.buffers[b];
+      if (buf.broadcasts(last)) continue;
+      vector_buffer_[b] = true;
+      const std::string& n = buf.name;
+      fits.push_back(fmt::format("{}_s{} == 1 && {}_off % {} == 0", n, last, n, kVector));
+      for (int32_t d = 0; d < last; ++d)
+        if (!buf.broadcasts(d)) fits.push_back(fmt::format("(n{} == 1 || {}_s{} % {} == 0)", d, n, d, kVector));
+      fits.push_back(fmt::format("kiln_aligned({})", n));
+    }
+    line(1, fmt::format("if ({}) {{", fmt::join(fits, " &&\n      ")));
+    line(2, fmt::format("for (long long group = first; group < total / {}; group += stride) {{", kVector));
+    line(3, fmt::format("const long long linear = group * {};", kVector));
+    unravel(3, "linear", 0, k_.rank, "total");
+    for (size_t b = 0; b < k_.buffers.size(); ++b) {
+      if (!vector_buffer_[b]) continue;
+      const Buffer& buf = k_.buffers[b];
+      const std::string vec = fmt::format("kiln_vec<{}>", storage_type(buf.dtype));
+      if (buf.output)
+        line(3, fmt::format("{} {}_v;", vec, buf.name));
+      else
+        line(3, fmt::format("const {} {}_v = *reinterpret_cast<const {}*>({} + ({}));", vec, buf.name, vec, buf.name,
+                            offset(buf, true)));
+    }
+    for (lane_ = 0; lane_ < kVector; ++lane_) {
+      line(3, "{");
+      body(4, false, true);
+      stores(4, true);
+      line(3, "}");
+    }
+    lane_ = -1;
+    for (size_t b = 0; b < k_.buffers.size(); ++b) {
+      if (!vector_buffer_[b] || !k_.buffers[b].output) continue;
+      const Buffer& buf = k_.buffers[b];
+      line(3, fmt::format("*reinterpret_cast<kiln_vec<{}>*>({} + ({})) = {}_v;", storage_type(buf.dtype), buf.name,
+                          offset(buf, true), buf.name));
+    }
+    line(2, "}");
+    line(2, "return;");
+    line(1, "}");
+    vector_buffer_.clear();
   }
 
   void reduction() {
@@ -90,10 +172,10 @@ class CudaRenderer : KernelRenderer {
     line(1, fmt::format("const long long inner = {};", product(kept, k_.rank)));
     line(1, "const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;");
     line(1, "for (long long kept = blockIdx.x; kept < outer; kept += gridDim.x) {");
-    unravel(2, "kept", 0, kept);
+    unravel(2, "kept", 0, kept, "outer");
     declare_accumulators(2);
     line(2, "for (long long reduced = threadIdx.x; reduced < inner; reduced += blockDim.x) {");
-    unravel(3, "reduced", kept, k_.rank);
+    unravel(3, "reduced", kept, k_.rank, "inner");
     body(3, false);
     combine_reductions(3, "v{1}");
     line(2, "}");
@@ -142,7 +224,13 @@ std::string cuda_symbol(const Kernel& kernel) { return "k_" + kernel.name; }
 
 std::string render_cuda(const Kernel& kernel) { return CudaRenderer(kernel).render(); }
 
-CudaLaunch cuda_launch_shape(const Kernel& kernel, std::span<const int64_t> args) {
+int64_t cuda_pointwise_threads(const Kernel& kernel, std::span<const int64_t> args) {
+  const int64_t total = product_of(args, 0, kernel.rank);
+  const bool vector = kernel.rank > 0 && args[static_cast<size_t>(kernel.rank - 1)] % kVector == 0;
+  return vector ? total / kVector : total;
+}
+
+CudaLaunch cuda_launch_shape(const Kernel& kernel, std::span<const int64_t> args, const LaunchTuning& tuning) {
   KILN_CHECK(static_cast<int64_t>(args.size()) >= kernel.rank,
              "cuda_launch_shape: kernel {} has {} iteration sizes, got {} arguments", kernel.name, kernel.rank,
              args.size());
@@ -151,8 +239,12 @@ CudaLaunch cuda_launch_shape(const Kernel& kernel, std::span<const int64_t> args
                kernel.name, args[static_cast<size_t>(d)], d);
   const int32_t kept = kernel.rank - kernel.num_reduced;
   if (kernel.num_reduced == 0) {
-    const int64_t total = product_of(args, 0, kernel.rank);
-    return {.grid = std::min((total + kMaxBlock - 1) / kMaxBlock, kMaxGrid), .block = kMaxBlock, .shared_bytes = 0};
+    const int64_t threads = cuda_pointwise_threads(kernel, args);
+    if (threads == 0) return {.grid = 0, .block = kMaxBlock, .shared_bytes = 0};
+    const int block = tuning.block > 0 ? tuning.block : kMaxBlock;
+    const int64_t cap = tuning.block > 0 ? tuning.max_grid : kMaxGrid;
+    return {.grid = std::max<int64_t>(1, std::min((threads + block - 1) / block, cap)), .block = block,
+            .shared_bytes = 0};
   }
   const int64_t outer = product_of(args, 0, kept), inner = product_of(args, kept, kernel.rank);
   int block = kWarp;

@@ -20,7 +20,12 @@
 //   shared memory). Nothing to launch when grid is 0.
 //
 // Mapping. Pointwise: a 1-D grid-stride loop over the product of the iteration sizes, each
-// linear index (64-bit) unravelled into i0..i<rank-1>. Reduction: a grid-stride loop of
+// linear index unravelled into i0..i<rank-1> (32-bit divisions while the space fits 32
+// bits). When the innermost size is a multiple of 4 and every buffer walking the innermost
+// dim has stride 1 there from a 4-element-aligned start (offset, other strides, address),
+// a thread takes 4 consecutive elements with one vector load or store per such buffer (16
+// bytes for f32) and the body once per element: the check is made in the kernel, at run
+// time, so one compiled kernel serves both cases. Reduction: a grid-stride loop of
 // blocks over the kept (outer) indices; the block's threads stride over the reduced
 // elements, each accumulating from the identity, then combine with warp shuffles and
 // through shared memory (one slot per warp); thread 0 evaluates the exprs after the
@@ -44,10 +49,26 @@ struct CudaLaunch {
   int block = 256;       // threads per block
   int shared_bytes = 0;  // dynamic shared memory
 };
-// The launch of `kernel` for the argument array `args` (arg_layout's; its sizes decide).
+// The threads a pointwise kernel's space needs for the argument array `args`: one per
+// element, or one per 4 when the innermost size allows the vector path (the grid-stride
+// loop covers the elements either way).
+int64_t cuda_pointwise_threads(const Kernel& kernel, std::span<const int64_t> args);
+
+// A pointwise kernel's launch as compile's max-autotune chose it by timing: threads per
+// block (at most the kernels' launch bound, 256) and the most blocks (the grid-stride loop
+// covers the rest). Zeros: the default launch. A pointwise kernel's results do not depend
+// on its launch; reductions keep theirs (it decides their sums' order).
+struct LaunchTuning {
+  int block = 0;
+  int64_t max_grid = 0;
+  bool operator==(const LaunchTuning&) const = default;
+};
+
+// The launch of `kernel` for the argument array `args` (arg_layout's; its sizes decide),
+// with `tuning` (pointwise kernels only) overriding the block size and grid cap.
 // Pointwise: 256 threads, enough blocks to cover the space up to a cap (the grid-stride
 // loop does the rest). Reduction: one block per kept index up to the same cap, of 32 to 256
 // threads (the reduced extent rounded up to a power of two).
-CudaLaunch cuda_launch_shape(const Kernel& kernel, std::span<const int64_t> args);
+CudaLaunch cuda_launch_shape(const Kernel& kernel, std::span<const int64_t> args, const LaunchTuning& tuning = {});
 
 }  // namespace kiln::compiler::codegen

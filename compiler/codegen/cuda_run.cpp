@@ -97,19 +97,13 @@ void run_cuda_kernel(const CudaFunction& function, const Kernel& kernel, std::sp
                  t.meta_str(), device);
       t = device_constant(t, device);  // a CPU scalar (an lr, a loss weight, a wrapped number)
     }
-  KernelCall call = kernel_call(kernel, bound, outputs);
+  KernelCall call = kernel_call(kernel, bound, outputs, /*split_long_runs=*/false);
   if (call.args.empty()) call.args.push_back(0);  // the argument struct is never empty
   std::vector<void*> params;
   for (void*& b : call.buffers) params.push_back(&b);
   params.push_back(call.args.data());
-  CudaLaunch shape = cuda_launch_shape(kernel, call.args);
+  const CudaLaunch shape = cuda_launch_shape(kernel, call.args, tuning);
   if (shape.grid == 0) return;
-  if (tuning.block > 0 && kernel.num_reduced == 0) {
-    int64_t total = 1;
-    for (int32_t d = 0; d < kernel.rank; ++d) total *= call.args[static_cast<size_t>(d)];
-    shape.block = tuning.block;
-    shape.grid = std::max<int64_t>(1, std::min((total + tuning.block - 1) / tuning.block, tuning.max_grid));
-  }
   cuda::launch({static_cast<cudaKernel_t>(function.handle), function.name}, {shape.grid, shape.block, shape.shared_bytes},
                params.data(), device.index);
 }

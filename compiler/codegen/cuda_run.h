@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "compiler/codegen/cuda.h"
 #include "compiler/codegen/kernel_ir.h"
 #include "core/tensor.h"
 
@@ -25,16 +26,6 @@ const std::string& cuda_arch(Device device);
 // Renders, compiles (NVRTC, through the kernel cache, `jobs` at a time) and loads each
 // kernel for `device`'s architecture.
 std::vector<CudaFunction> load_cuda_kernels(const std::vector<const Kernel*>& kernels, Device device, int jobs = 2);
-
-// A pointwise kernel's launch as compile's max-autotune chose it by timing: threads per
-// block (at most the kernels' launch bound, 256) and the most blocks (the grid-stride loop
-// covers the rest). Zeros: the default launch (cuda_launch_shape). A pointwise kernel's
-// results do not depend on its launch; reductions keep theirs (it decides their sums' order).
-struct LaunchTuning {
-  int block = 0;
-  int64_t max_grid = 0;
-  bool operator==(const LaunchTuning&) const = default;
-};
 
 // Runs `function` (the rendering of `kernel`) on the device of outputs[0], on its current
 // stream: inputs are the tensors of the kernel's input buffers in order (as run_kernel

@@ -94,14 +94,20 @@ void KernelRenderer::declare_arguments(int depth, const char* element) {
   }
 }
 
-std::string KernelRenderer::index(const Buffer& buf, bool unit) const {
+std::string KernelRenderer::offset(const Buffer& buf, bool unit) const {
   std::string text = buf.name + "_off";
   for (int32_t d = 0; d < k_.rank; ++d) {
     if (buf.broadcasts(d)) continue;
     if ((unit && d == k_.rank - 1) || (!buf.output && d == unit_input_dim_)) text += fmt::format(" + i{}", d);
     else text += fmt::format(" + i{} * {}_s{}", d, buf.name, d);
   }
-  return fmt::format("{}[{}]", buf.name, text);
+  return text;
+}
+
+std::string KernelRenderer::index(const Buffer& buf, bool unit) const {
+  const auto b = static_cast<size_t>(&buf - k_.buffers.data());
+  if (lane_ >= 0 && b < vector_buffer_.size() && vector_buffer_[b]) return fmt::format("{}_v.v[{}]", buf.name, lane_);
+  return fmt::format("{}[{}]", buf.name, offset(buf, unit));
 }
 
 std::string KernelRenderer::expr_code(size_t e, bool unit) const {

@@ -42,8 +42,11 @@ class KernelRenderer {
   // Declares n<d>, <buffer>_s<d> and <buffer>_off from the argument array, each element
   // read as fmt::format(element, index) ("args[{}]").
   void declare_arguments(int depth, const char* element);
-  // buffer[<off> + i<d> * <buffer>_s<d> ...]; `unit`: the innermost stride is 1.
+  // buffer[<off> + i<d> * <buffer>_s<d> ...]; `unit`: the innermost stride is 1. While a
+  // vector lane is rendered (lane_ >= 0), a vector buffer's element is <buffer>_v.v[lane_].
   std::string index(const Buffer& buf, bool unit) const;
+  // The element offset inside index()'s brackets.
+  std::string offset(const Buffer& buf, bool unit) const;
   // The value of expr `e`; a reduce reads its accumulator acc<e>.
   std::string expr_code(size_t e, bool unit) const;
   // `const T v<e> = ...;` for the exprs evaluated before the reduction's end (after ==
@@ -62,6 +65,10 @@ class KernelRenderer {
   // A dim every input buffer walks with stride 1 in the code being written (checked at run
   // time by its branch), or -1: its index terms drop the stride, so the loop vectorizes.
   int32_t unit_input_dim_ = -1;
+  // The lane of a vector of consecutive elements along the innermost dim being written, or
+  // -1; vector_buffer_[b]: buffer b is read or written as such vectors (<name>_v) there.
+  int lane_ = -1;
+  std::vector<bool> vector_buffer_;
   std::string out_;
 };
 

@@ -12,8 +12,9 @@ namespace {
 // so the compiled kernel (whose rank and broadcast pattern are fixed) runs unchanged with
 // long inner loops instead of loops of 3 or 1 elements. A merged run larger than 65,536
 // is split back in two at a dim boundary (outer part at b-1), which keeps an outer loop
-// for the threads. Kept and reduced dims are never merged with each other.
-void coalesce(const Kernel& kernel, std::vector<int64_t>& args) {
+// for the OpenMP threads (`split`; a CUDA kernel walks one linear index and wants the
+// whole run). Kept and reduced dims are never merged with each other.
+void coalesce(const Kernel& kernel, std::vector<int64_t>& args, bool split_long_runs) {
   const int32_t rank = kernel.rank;
   if (rank < 2) return;
   const ArgLayout layout = arg_layout(kernel);
@@ -66,7 +67,7 @@ void coalesce(const Kernel& kernel, std::vector<int64_t>& args) {
       // Where to split: the innermost dims up to 65,536 elements stay inner.
       int64_t inner_span = 1;
       int32_t split = last + 1;  // dims [split..last] form the inner part
-      for (int32_t e = last; e >= first && inner_span * size(e) <= 65536; --e) {
+      for (int32_t e = last; e >= first && (!split_long_runs || inner_span * size(e) <= 65536); --e) {
         inner_span *= size(e);
         split = e;
       }
@@ -91,7 +92,8 @@ void coalesce(const Kernel& kernel, std::vector<int64_t>& args) {
 
 }  // namespace
 
-KernelCall kernel_call(const Kernel& kernel, std::span<const Tensor> inputs, std::span<const Tensor> outputs) {
+KernelCall kernel_call(const Kernel& kernel, std::span<const Tensor> inputs, std::span<const Tensor> outputs,
+                       bool split_long_runs) {
   const std::vector<int32_t> in_buffers = kernel.input_buffers(), out_buffers = kernel.output_buffers();
   KILN_CHECK(inputs.size() == in_buffers.size() && outputs.size() == out_buffers.size(),
              "run_kernel {}: expects {} inputs and {} outputs, got {} and {}", kernel.name, in_buffers.size(),
@@ -144,7 +146,7 @@ KernelCall kernel_call(const Kernel& kernel, std::span<const Tensor> inputs, std
     call.args[next++] = t.offset() - base[b].offset();
     call.buffers.push_back(base[b].data_ptr());
   }
-  coalesce(kernel, call.args);
+  coalesce(kernel, call.args, split_long_runs);
   return call;
 }
 

@@ -19,7 +19,11 @@ struct KernelCall {
   std::vector<void*> buffers;
   std::vector<int64_t> args;
 };
-KernelCall kernel_call(const Kernel& kernel, std::span<const Tensor> inputs, std::span<const Tensor> outputs);
+// Runs of dims that every buffer walks as one are merged into one dim in the arguments;
+// with `split_long_runs` (the C++ target: its OpenMP threads share the outer loops) a run
+// of more than 65,536 elements keeps two dims.
+KernelCall kernel_call(const Kernel& kernel, std::span<const Tensor> inputs, std::span<const Tensor> outputs,
+                       bool split_long_runs = true);
 
 // Runs `compiled` (the rendering of `kernel`) on the tensors: kernel_call, then the call.
 void run_kernel(const CompiledKernel& compiled, const Kernel& kernel, std::span<const Tensor> inputs,

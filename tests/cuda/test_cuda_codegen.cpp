@@ -116,7 +116,12 @@ TEST_CASE("cuda codegen: launch shapes", "[nvrtc][cuda_codegen]") {
   const std::vector<int64_t> pa = {3, 1000};
   const CudaLaunch pl = cuda_launch_shape(pk, pa);
   CHECK(pl.block == 256);
-  CHECK(pl.grid == (3000 + 255) / 256);
+  // 1000 is a multiple of 4: a thread per 4 elements (the vector path), else one per element.
+  CHECK(cuda_pointwise_threads(pk, pa) == 750);
+  CHECK(pl.grid == (750 + 255) / 256);
+  const std::vector<int64_t> odd = {3, 1001};
+  CHECK(cuda_pointwise_threads(pk, odd) == 3003);
+  CHECK(cuda_launch_shape(pk, odd).grid == (3003 + 255) / 256);
   const std::vector<int64_t> huge = {1 << 20, 1 << 20};
   CHECK(cuda_launch_shape(pk, huge).grid == 65536);
   const std::vector<int64_t> empty = {0, 1000};

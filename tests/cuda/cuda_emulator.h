@@ -1,0 +1,40 @@
+#pragma once
+// The CUDA renderer's kernels run on the CPU, for machines without a GPU: render_cuda's
+// translation unit is compiled by the host compiler (through the C++ JIT) after a prelude
+// that gives it what CUDA would (threadIdx, blockIdx, blockDim, gridDim, __shared__,
+// __syncthreads, __shfl_down_sync, the bit casts), and a launcher that runs the grid.
+//
+// - Pointwise kernels run one emulated thread after another on the calling thread: they
+//   share nothing between threads, so any order is one the GPU may choose.
+// - Reductions run a block's threads as real threads (blocks one after another), with a
+//   barrier for __syncthreads and one per warp for the shuffles: small grids only.
+//
+// The scalar functions are kernels/scalar.h's host versions, so what this checks is the
+// renderer's own code: the mapping of threads to elements, the unravelling, the vector
+// path and its run-time conditions, the launch shapes and the block's combination of a
+// reduction. Its results are compared with the C++ renderer's kernels.
+#include <span>
+
+#include "compiler/codegen/cuda.h"
+#include "compiler/codegen/jit.h"
+#include "compiler/codegen/kernel_ir.h"
+#include "core/tensor.h"
+
+namespace kiln::testing {
+
+struct EmulatedKernel {
+  const compiler::codegen::Kernel* kernel = nullptr;
+  compiler::codegen::CompiledKernel compiled;
+};
+
+// Compiles kernel's CUDA rendering for the emulator (the kernel must outlive the result).
+EmulatedKernel emulate_cuda(const compiler::codegen::Kernel& kernel);
+
+// Runs it on CPU tensors as run_cuda_kernel would on the GPU: the same arguments (runs of
+// dims merged, never split) and the launch cuda_launch_shape gives for them and `tuning`.
+// Returns how many groups of elements the pointwise vector path took (0: one element per
+// thread throughout).
+int64_t run_emulated(const EmulatedKernel& k, std::span<const Tensor> inputs, std::span<const Tensor> outputs,
+                  const compiler::codegen::LaunchTuning& tuning = {});
+
+}  // namespace kiln::testing
