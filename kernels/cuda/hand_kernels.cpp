@@ -1,6 +1,7 @@
 #include "kernels/cuda/hand_kernels.h"
 
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <mutex>
 
@@ -80,9 +81,17 @@ const LoadedKernel& KernelFamily::get(DType dtype, int device) const {
   return it->second;
 }
 
+namespace {
+std::atomic<KernelLaunchHook> launch_hook{nullptr};
+}  // namespace
+
+KernelLaunchHook set_kernel_launch_hook(KernelLaunchHook hook) { return launch_hook.exchange(hook); }
+
 void KernelFamily::launch_raw(DType dtype, int device, long long threads, void** args) const {
   if (threads <= 0) return;
-  cuda::launch(get(dtype, device), {(threads + kBlock - 1) / kBlock, kBlock, 0}, args, device);
+  const long long grid = (threads + kBlock - 1) / kBlock;
+  if (const KernelLaunchHook hook = launch_hook.load()) return hook(instance(dtype), grid, kBlock, args);
+  cuda::launch(get(dtype, device), {grid, kBlock, 0}, args, device);
 }
 
 std::vector<KernelSource> hand_written_kernels() {

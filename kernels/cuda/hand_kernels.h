@@ -75,4 +75,11 @@ struct Contiguous {
 // Every instantiation of every registered family.
 std::vector<KernelSource> hand_written_kernels();
 
+// For tests on machines without a GPU: while a hook is set, every KernelFamily launch is
+// given to it (the instantiation, blocks, threads per block, the kernel's arguments)
+// instead of the device, so an op's CUDA kernel can run on CPU tensors with an emulator
+// executing the family's source (tests/cuda/cuda_emulator.h). Returns the previous hook.
+using KernelLaunchHook = void (*)(const KernelSource& kernel, long long grid, int block, void** args);
+KernelLaunchHook set_kernel_launch_hook(KernelLaunchHook hook);
+
 }  // namespace kiln::cuda

@@ -14,17 +14,31 @@
 // path and its run-time conditions, the launch shapes and the block's combination of a
 // reduction. Its results are compared with the C++ renderer's kernels.
 #include <span>
+#include <string>
 
 #include "compiler/codegen/cuda.h"
 #include "compiler/codegen/jit.h"
 #include "compiler/codegen/kernel_ir.h"
 #include "core/tensor.h"
+#include "kernels/cuda/hand_kernels.h"
 
 namespace kiln::testing {
 
+// A CUDA source compiled for the emulator, with its kernel `name` ready to launch.
+// block_threads: the source synchronizes its threads (__syncthreads, shuffles), so each
+// block runs as real threads.
+struct EmulatedSource {
+  compiler::codegen::CompiledKernel compiled;
+  bool block_threads = false;
+};
+EmulatedSource emulate_source(const std::string& source, const std::string& name);
+// Launches it: `params` as cudaLaunchKernel takes them (params[i] points at argument i).
+// Returns the vector groups counted (renderer kernels only; 0 otherwise).
+int64_t run_source(const EmulatedSource& e, long long grid, int block, void** params);
+
 struct EmulatedKernel {
   const compiler::codegen::Kernel* kernel = nullptr;
-  compiler::codegen::CompiledKernel compiled;
+  EmulatedSource source;
 };
 
 // Compiles kernel's CUDA rendering for the emulator (the kernel must outlive the result).
@@ -35,6 +49,21 @@ EmulatedKernel emulate_cuda(const compiler::codegen::Kernel& kernel);
 // Returns how many groups of elements the pointwise vector path took (0: one element per
 // thread throughout).
 int64_t run_emulated(const EmulatedKernel& k, std::span<const Tensor> inputs, std::span<const Tensor> outputs,
-                  const compiler::codegen::LaunchTuning& tuning = {});
+                     const compiler::codegen::LaunchTuning& tuning = {});
+
+// While one lives, every hand-written kernel family's launch (kernels/cuda/hand_kernels.h)
+// runs in the emulator: an op's CUDA kernel function, called on CPU tensors, computes on
+// their memory. Ops whose CUDA kernels call the runtime, cuDNN or cuBLAS, or the generated
+// kernels, still need a GPU.
+class EmulatedHandKernels {
+ public:
+  EmulatedHandKernels();
+  ~EmulatedHandKernels();
+  EmulatedHandKernels(const EmulatedHandKernels&) = delete;
+  EmulatedHandKernels& operator=(const EmulatedHandKernels&) = delete;
+
+ private:
+  cuda::KernelLaunchHook previous_;
+};
 
 }  // namespace kiln::testing

@@ -1,0 +1,191 @@
+// The CUDA kernels of ops built on hand-written kernel families (kernels/cuda/
+// hand_kernels.h), run on CPU tensors with the emulator executing their device code
+// (tests/cuda/cuda_emulator.h), against the CPU kernels. Each case records the op calls of
+// a CPU computation, then gives each call's inputs and attributes to the op's CUDA kernel
+// function and compares its outputs with the CPU's: exactly where the CUDA kernel promises
+// the CPU's result (orders, indices, integer and ordered sums), to 1e-6 otherwise. The host
+// side of each CUDA kernel runs for real here (its shapes, strides, launch arguments); the
+// device code runs with kernels/scalar.h's host functions.
+#include <functional>
+#include <set>
+
+#include "cuda/cuda_emulator.h"
+#include "testing.h"
+
+using namespace kiln;
+using kiln::testing::EmulatedHandKernels;
+
+namespace {
+
+struct Recorded {
+  const OpDef* op;
+  std::vector<Tensor> inputs;
+  Attrs attrs;
+  std::vector<Tensor> outputs;
+};
+
+// The top-level op calls `f` makes (in-place ones left out: their inputs are gone). The
+// cases write nothing in place, so the tensors are kept as they are (a clone here would
+// be an op call reported to this hook).
+std::vector<Recorded> record(const std::function<void()>& f) {
+  std::vector<Recorded> calls;
+  OpHookGuard hook([&](const OpCall& c) {
+    if (c.inplace) return;
+    calls.push_back({&c.op, {c.inputs.begin(), c.inputs.end()}, c.attrs, {c.outputs.begin(), c.outputs.end()}});
+  });
+  f();
+  return calls;
+}
+
+// Replays every call of `f` named in `ops` through its op's CUDA kernel (each op of `ops`
+// must be called); rtol 0 is exact.
+void check_cuda_kernels(const std::vector<std::string>& ops, double rtol, const std::function<void()>& f) {
+  std::set<std::string> replayed;
+  for (const Recorded& call : record(f)) {
+    if (std::find(ops.begin(), ops.end(), call.op->name) == ops.end()) continue;
+    INFO("op " << call.op->name << " " << call.attrs.to_string());
+    const KernelFn cuda = call.op->kernels[static_cast<size_t>(DeviceType::cuda)];
+    REQUIRE(cuda != nullptr);
+    std::vector<Tensor> out;
+    for (const Tensor& o : call.outputs) {
+      Tensor t = make_tensor(o.shape(), o.dtype(), Device::cpu(), o.suggest_memory_format());
+      t.fill_(7);  // what the kernel does not write shows
+      out.push_back(t);
+    }
+    {
+      EmulatedHandKernels emulated;
+      cuda(call.inputs, out, call.attrs);
+    }
+    for (size_t i = 0; i < out.size(); ++i) {
+      INFO("output " << i);
+      if (rtol == 0 || !is_floating(out[i].dtype())) KILN_CHECK_EQUAL(out[i], call.outputs[i]);
+      else KILN_CHECK_CLOSE(out[i], call.outputs[i], rtol, 1e-6);
+    }
+    replayed.insert(call.op->name);
+  }
+  CHECK(replayed == std::set<std::string>(ops.begin(), ops.end()));
+}
+
+// Values with ties and NaNs, for the orders.
+Tensor tied(Shape shape, DType dtype = DType::f32) {
+  Tensor x = mul(randint(0, 6, shape).to(DType::f32), 0.5);
+  if (is_floating(dtype) && x.numel() > 3) {
+    Tensor flat = x.view({x.numel()});
+    flat.slice(0, 1, 2).fill_(std::nan(""));
+    flat.slice(0, x.numel() - 2, x.numel() - 1).fill_(std::nan(""));
+  }
+  return x.to(dtype);
+}
+
+}  // namespace
+
+TEST_CASE("cuda emulated ops: sort and topk give the CPU's stable permutation exactly", "[cuda_emulated]") {
+  manual_seed(3);
+  for (int64_t n : {1, 2, 5, 37, 300}) {
+    INFO("line length " << n);
+    const Tensor rows = tied({3, n});
+    check_cuda_kernels({"sort"}, 0, [&] {
+      sort(rows, -1, false);
+      sort(rows, -1, true);
+    });
+    const Tensor cols = tied({n, 4});  // lines along dim 0: inner 4
+    check_cuda_kernels({"sort", "topk"}, 0, [&] {
+      sort(cols, 0, true);
+      topk(cols, std::min<int64_t>(n, 3), 0, true);
+      topk(cols, std::min<int64_t>(n, 2), 0, false);
+    });
+  }
+  for (DType t : {DType::f64, DType::f16, DType::i64, DType::boolean}) {
+    INFO("dtype " << name(t));
+    const Tensor x = tied({2, 19}, t == DType::boolean ? DType::f32 : t);
+    const Tensor v = t == DType::boolean ? gt(x, 1.0) : x;
+    check_cuda_kernels({"sort", "topk"}, 0, [&] {
+      sort(v, -1, false);
+      topk(v, 4, -1, true);
+    });
+  }
+}
+
+TEST_CASE("cuda emulated ops: scatter_add, gather, index_select and embedding_backward", "[cuda_emulated]") {
+  manual_seed(4);
+  const Tensor x = randn({4, 6});
+  const Tensor index = randint(0, 6, {4, 9});  // duplicates along dim 1
+  const Tensor src = randn({4, 9});
+  check_cuda_kernels({"scatter_add"}, 0, [&] { scatter_add(x, 1, index, src); });
+  const Tensor index0 = randint(0, 4, {7, 6});
+  check_cuda_kernels({"scatter_add"}, 0, [&] { scatter_add(x, 0, index0, randn({7, 6})); });
+  check_cuda_kernels({"scatter_add"}, 0, [&] {
+    scatter_add(randint(0, 5, {4, 6}), 1, index, randint(0, 5, {4, 9}));  // i64
+  });
+  check_cuda_kernels({"gather"}, 0, [&] { gather(x, 1, index); });
+  check_cuda_kernels({"index_select"}, 0, [&] { index_select(x, 0, randint(0, 4, {5})); });
+  const Tensor ids = randint(0, 10, {3, 5});
+  check_cuda_kernels({"embedding_backward"}, 1e-6, [&] { embedding_backward(randn({3, 5, 4}), ids, 10, -1); });
+}
+
+TEST_CASE("cuda emulated ops: arange, linspace, eye, one_hot, flip, tril and triu", "[cuda_emulated]") {
+  manual_seed(5);
+  for (DType t : {DType::f32, DType::f64, DType::i64, DType::i32, DType::u8, DType::f16}) {
+    INFO("dtype " << name(t));
+    check_cuda_kernels({"arange", "linspace", "eye"}, 0, [&] {
+      arange(2, 40, 3, {.dtype = t});
+      linspace(-3.0, 5.0, 17, {.dtype = t});
+      linspace(1.0, 1.0, 1, {.dtype = t});
+      eye(4, 6, {.dtype = t});
+    });
+  }
+  const Tensor x = randn({3, 4, 5});
+  check_cuda_kernels({"one_hot"}, 0, [&] { one_hot(randint(0, 6, {2, 3}), 6); });
+  check_cuda_kernels({"flip"}, 0, [&] {
+    flip(x, {0, 2});
+    flip(x.transpose(0, 2), {1});
+  });
+  check_cuda_kernels({"tril", "triu"}, 0, [&] {
+    tril(x, 1);
+    triu(x, -1);
+  });
+}
+
+TEST_CASE("cuda emulated ops: the losses and their backwards, in the CPU's order", "[cuda_emulated]") {
+  manual_seed(6);
+  const Tensor logits = randn({6, 5});
+  const Tensor log_probs = log_softmax(logits, 1);
+  const Tensor target = randint(0, 5, {6});
+  const Tensor probs = softmax(randn({6, 5}), 1);
+  check_cuda_kernels({"cross_entropy_prob_loss", "cross_entropy_prob_loss_backward"}, 0, [&] {
+    cross_entropy_prob_loss(log_probs, probs);
+    cross_entropy_prob_loss_backward(ones({}), log_probs, probs);
+  });
+  check_cuda_kernels({"cross_entropy_loss", "cross_entropy_loss_backward"}, 0, [&] {
+    cross_entropy_loss(log_probs, target);
+    cross_entropy_loss_backward(ones({}), log_probs, target);
+  });
+  const Tensor a = randn({4, 7}), b = randn({4, 7});
+  check_cuda_kernels({"mse_loss"}, 0, [&] { mse_loss(a, b); });
+}
+
+TEST_CASE("cuda emulated ops: layer norm, cumsum, prod and the arg reductions", "[cuda_emulated]") {
+  manual_seed(7);
+  const Tensor x = randn({5, 12}), w = randn({12}), b = randn({12});
+  check_cuda_kernels({"layer_norm"}, 1e-6, [&] { layer_norm(x, {12}, w, b, 1e-5); });
+  check_cuda_kernels({"cumsum", "prod"}, 1e-6, [&] {
+    cumsum(x, 1);
+    cumsum(x, 0);
+    prod(x, {1});
+  });
+  const Tensor t = tied({4, 9});
+  check_cuda_kernels({"argmax", "argmin"}, 0, [&] {
+    argmax(t, 1);
+    argmin(t, 0);
+  });
+}
+
+TEST_CASE("cuda emulated ops: random ops draw the CPU's Philox stream", "[cuda_emulated]") {
+  manual_seed(8);
+  check_cuda_kernels({"randint", "uniform", "normal", "dropout"}, 0, [&] {
+    randint(-5, 9, {3, 7});
+    rand_like(zeros({4, 5}));
+    randn_like(zeros({4, 5}));
+    dropout(ones({6, 5}), 0.3, true);
+  });
+}
