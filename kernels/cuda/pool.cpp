@@ -1,19 +1,20 @@
-// CUDA kernels of the pooling ops, with kernels/cpu/pool.cpp's semantics. Every op works on
-// contiguous H*W planes (a CHW input is one image); 16-bit inputs are computed in f32 and
-// rounded once into the output, as on the CPU. A channels_last input is copied to NCHW, and
-// an output that is not contiguous (channels_last by the shape rules for such an input, or
-// for a backward op's channels_last grad_out or attribute) is written through a contiguous
-// buffer copied into it.
+// CUDA kernels of the pooling ops, with kernels/cpu/pool.cpp's semantics. 16-bit inputs are
+// computed in f32 and rounded once into the output, as on the CPU.
 //
 // - max_pool2d must give the flat index of each maximum (the op's second output), which
 //   cuDNN's pooling does not give, and must let NaN win and keep the first maximum on ties:
-//   a small NVRTC-compiled kernel does it, one thread per output element, walking the
-//   window exactly as the CPU kernel does.
+//   hand-written kernels do it, one thread per output element, walking the window exactly
+//   as the CPU kernel does, on NCHW planes or on channels_last (NHWC) data as it is (the
+//   layout of the input decides; outputs in another layout are written through a buffer).
 // - max_pool2d_backward scatters grad_out to the indices with atomic adds into an f32 (f64)
-//   buffer: the op has no window attributes to gather with. Overlapping windows may add in
-//   any order, so results can differ from the CPU's in the last bits. Unlike the CPU kernel
-//   it does not raise on an index outside the plane (it skips it): checking would make every
-//   backward wait for the GPU; indices come from max_pool2d, which never gives such.
+//   buffer laid out as grad_input (NCHW or NHWC): the op has no window attributes to gather
+//   with. Overlapping windows may add in any order, so results can differ from the CPU's in
+//   the last bits. Unlike the CPU kernel it does not raise on an index outside the plane
+//   (it skips it): checking would make every backward wait for the GPU; indices come from
+//   max_pool2d, which never gives such.
+// - The average poolings work on contiguous H*W planes (a CHW input is one image): a
+//   channels_last input is copied to NCHW, and an output that is not contiguous is written
+//   through a contiguous buffer copied into it.
 // - avg_pool2d(+backward) go through cuDNN's average pooling in floor mode: there every
 //   window ends inside the padded input, so cuDNN's include-padding divisor (kh * kw) and
 //   exclude-padding divisor (the window's input elements) are the CPU's; divisor_override
@@ -32,7 +33,7 @@
 #include "core/ops/reduce.h"
 #include "core/registry.h"
 #include "kernels/cuda/cudnn.h"
-#include "kernels/cuda/nvrtc.h"
+#include "kernels/cuda/hand_kernels.h"
 
 namespace kiln::cuda {
 namespace {
@@ -41,31 +42,25 @@ using Span = std::span<const Tensor>;
 
 DType compute_dtype(DType t) { return t == DType::f64 ? DType::f64 : DType::f32; }
 
-// ---- NVRTC kernels of max pooling ----
+// ---- max pooling: hand-written kernels ----
 
-constexpr const char* kMaxPoolSource = R"(
-typedef SCALAR C;
-extern "C" __global__ void NAME(const C* x, C* y, long long* indices, long long total, int in_h, int in_w,
-                                int out_h, int out_w, int kh, int kw, int sh, int sw, int ph, int pw, int dh,
-                                int dw) {
-  const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-  if (i >= total) return;
-  const int ow = (int)(i % out_w);
-  const int oh = (int)((i / out_w) % out_h);
-  const long long plane = i / ((long long)out_w * out_h);
-  const C* xp = x + plane * in_h * in_w;
+// One thread per output element. The window walk (and so the winner: NaN wins, the first
+// maximum on ties, the first valid element when every value is -inf) is the CPU kernel's;
+// the index is the flat one within the H*W plane in both layouts. kPoolWindow ends both
+// the NCHW and the NHWC kernel: xp points at element (0, 0) of this output's image and
+// channel, AT(h, w) reads element (h, w).
+constexpr const char* kPoolWindow = R"(
   int h0 = oh * sh - ph;
   const int h1 = min(h0 + (kh - 1) * dh + 1, in_h);
   while (h0 < 0) h0 += dh;
   int w0 = ow * sw - pw;
   const int w1 = min(w0 + (kw - 1) * dw + 1, in_w);
   while (w0 < 0) w0 += dw;
-  // As the CPU kernel: the first valid element when every value is -inf, and NaN wins.
   C best = (C)__int_as_float(0xff800000);
   long long best_index = (long long)h0 * in_w + w0;
   for (int h = h0; h < h1; h += dh) {
     for (int w = w0; w < w1; w += dw) {
-      const C v = xp[h * in_w + w];
+      const C v = AT(h, w);
       if (v > best || v != v) {
         best = v;
         best_index = (long long)h * in_w + w;
@@ -77,90 +72,100 @@ extern "C" __global__ void NAME(const C* x, C* y, long long* indices, long long 
 }
 )";
 
-constexpr const char* kMaxPoolBackwardSource = R"(
+const KernelFamily kMaxPool("max_pool2d", std::string(R"(
 typedef SCALAR C;
-extern "C" __global__ void NAME(const C* grad, const long long* indices, C* out, long long total,
+#define AT(h, w) xp[(h) * in_w + (w)]
+extern "C" __global__ void NAME(const C* x, C* y, long long* indices, long long total, int channels, int in_h, int in_w,
+                                int out_h, int out_w, int kh, int kw, int sh, int sw, int ph, int pw, int dh, int dw) {
+  const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  if (i >= total) return;
+  const int ow = (int)(i % out_w);
+  const int oh = (int)((i / out_w) % out_h);
+  const long long plane = i / ((long long)out_w * out_h);
+  const C* xp = x + plane * in_h * in_w;
+)") + kPoolWindow,
+                             {DType::f32, DType::f64});
+
+// channels_last: i runs over [N, out_h, out_w, C], x is [N, in_h, in_w, C].
+const KernelFamily kMaxPoolNhwc("max_pool2d_nhwc", std::string(R"(
+typedef SCALAR C;
+#define AT(h, w) xp[((long long)(h) * in_w + (w)) * channels]
+extern "C" __global__ void NAME(const C* x, C* y, long long* indices, long long total, int channels, int in_h, int in_w,
+                                int out_h, int out_w, int kh, int kw, int sh, int sw, int ph, int pw, int dh, int dw) {
+  const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  if (i >= total) return;
+  const int c = (int)(i % channels);
+  const long long pixel = i / channels;
+  const int ow = (int)(pixel % out_w);
+  const int oh = (int)((pixel / out_w) % out_h);
+  const long long image = pixel / ((long long)out_w * out_h);
+  const C* xp = x + image * in_h * in_w * channels + c;
+)") + kPoolWindow,
+                             {DType::f32, DType::f64});
+
+// The backward scatters each grad_out element to its index with an atomic add (the op has
+// no window attributes to gather with). NCHW: channels 1 and planes of N*C; NHWC: the
+// element's channel is i % channels.
+const KernelFamily kMaxPoolBackward("max_pool2d_backward", R"(
+typedef SCALAR C;
+extern "C" __global__ void NAME(const C* grad, const long long* indices, C* out, long long total, long long channels,
                                 long long plane_out, long long plane_in) {
   const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
   if (i >= total) return;
   const long long j = indices[i];
   if (j < 0 || j >= plane_in) return;
-  atomicAdd(out + (i / plane_out) * plane_in + j, grad[i]);
+  const long long c = i % channels, image = i / (channels * plane_out);
+  atomicAdd(out + (image * plane_in + j) * channels + c, grad[i]);
 }
-)";
-
-std::string replace_all(std::string s, const std::string& from, const std::string& to) {
-  for (size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size())) s.replace(at, from.size(), to);
-  return s;
-}
-
-// The kernel `base` of `source` for scalar type f32 or f64 on `device`, compiled once per
-// (kernel, type, architecture).
-const LoadedKernel& pool_kernel(const char* source, const std::string& base, DType c, int device) {
-  static std::mutex mutex;
-  static std::unordered_map<std::string, LoadedKernel> loaded;
-  const std::string arch = device_properties(device).arch();
-  const std::string name = fmt::format("kiln_{}_{}", base, c == DType::f64 ? "f64" : "f32");
-  std::lock_guard lock(mutex);
-  auto it = loaded.find(name + " " + arch);
-  if (it == loaded.end()) {
-    std::string src = replace_all(source, "SCALAR", c == DType::f64 ? "double" : "float");
-    src = replace_all(src, "NAME", name);
-    const CudaBinary binary = compile_cuda(src, name, {.arch = arch});
-    it = loaded.emplace(name + " " + arch, load_kernel(binary.cubin, name)).first;
-  }
-  return it->second;
-}
+)",
+                                       {DType::f32, DType::f64});
 
 int as_int(int64_t v, const char* op) {
   KILN_CHECK(v >= 0 && v <= INT32_MAX, "{}: size {} exceeds the kernel's int range", op, v);
   return static_cast<int>(v);
 }
 
-constexpr int kBlock = 256;
+// Whether a 4-d pooling tensor is computed NHWC: channels_last and not also contiguous
+// (C == 1 or a 1x1 plane is both; NCHW then).
+bool nhwc(const Tensor& t) { return t.dim() == 4 && dnn::is_channels_last(t) && !t.is_contiguous(); }
 
 void max_pool2d_kernel(Span in, Span out, const Attrs& attrs) {
   constexpr const char* op = "max_pool2d";
   const Pool2dParams p = pool2d_params(attrs, op);
   const DType c = compute_dtype(in[0].dtype());
-  const Tensor x = in[0].to(c).contiguous();
+  const bool last = nhwc(in[0]);
+  const Tensor x = dnn::in_layout(in[0].to(c), last);
   long long total = out[0].numel();
   if (total == 0) return;
   // The maxima are input elements: computing in f32 and rounding back is exact.
-  const bool direct_y = out[0].dtype() == c && out[0].is_contiguous();
-  const Tensor y = direct_y ? out[0] : empty(out[0].shape(), {.dtype = c, .device = out[0].device()});
-  const Tensor idx = out[1].is_contiguous() ? out[1] : empty(out[1].shape(), {.dtype = DType::i64, .device = out[1].device()});
-  int in_h = as_int(x.size(-2), op), in_w = as_int(x.size(-1), op);
-  int out_h = as_int(y.size(-2), op), out_w = as_int(y.size(-1), op);
-  int kh = as_int(p.kernel[0], op), kw = as_int(p.kernel[1], op), sh = as_int(p.stride[0], op),
-      sw = as_int(p.stride[1], op), ph = as_int(p.padding[0], op), pw = as_int(p.padding[1], op),
-      dh = as_int(p.dilation[0], op), dw = as_int(p.dilation[1], op);
-  const void* xp = x.data_ptr();
-  void* yp = y.data_ptr();
-  void* ip = idx.data_ptr();
-  void* args[] = {&xp, &yp, &ip, &total, &in_h, &in_w, &out_h, &out_w, &kh, &kw, &sh, &sw, &ph, &pw, &dh, &dw};
-  const int device = x.device().index;
-  launch(pool_kernel(kMaxPoolSource, "max_pool2d", c, device), {(total + kBlock - 1) / kBlock, kBlock, 0}, args,
-         device);
-  if (!direct_y) Tensor(out[0]).copy_(y);
-  if (!idx.same(out[1])) Tensor(out[1]).copy_(idx);
+  dnn::into_layout(out[0], last, c, [&](const Tensor& y) {
+    dnn::into_layout(out[1], last, DType::i64, [&](const Tensor& idx) {
+      const int channels = last ? as_int(x.size(1), op) : 1;
+      const int in_h = as_int(x.size(-2), op), in_w = as_int(x.size(-1), op);
+      const int out_h = as_int(y.size(-2), op), out_w = as_int(y.size(-1), op);
+      (last ? kMaxPoolNhwc : kMaxPool)
+          .launch(c, x.device().index, total, x.data_ptr(), y.data_ptr(), idx.data_ptr(), total, channels, in_h, in_w,
+                  out_h, out_w, as_int(p.kernel[0], op), as_int(p.kernel[1], op), as_int(p.stride[0], op),
+                  as_int(p.stride[1], op), as_int(p.padding[0], op), as_int(p.padding[1], op),
+                  as_int(p.dilation[0], op), as_int(p.dilation[1], op));
+    });
+  });
 }
 
 // (grad_out, indices) {input_size} -> grad_input
 void max_pool2d_backward_kernel(Span in, Span out, const Attrs&) {
   const DType c = compute_dtype(out[0].dtype());
-  const Tensor grad = in[0].to(c).contiguous(), indices = in[1].contiguous();
-  Tensor acc = zeros(out[0].shape(), {.dtype = c, .device = out[0].device()});
-  long long total = grad.numel();
+  const bool last = nhwc(out[0]);
+  const Tensor grad = dnn::in_layout(in[0].to(c), last), indices = dnn::in_layout(in[1], last);
+  Tensor acc = last ? dnn::empty_channels_last(out[0].shape(), c, out[0].device())
+                    : empty(out[0].shape(), {.dtype = c, .device = out[0].device()});
+  acc.zero_();
+  const long long total = grad.numel();
   if (total > 0 && acc.numel() > 0) {
-    long long plane_out = grad.size(-2) * grad.size(-1), plane_in = acc.size(-2) * acc.size(-1);
-    const void* gp = grad.data_ptr();
-    const void* ip = indices.data_ptr();
-    void* op = acc.data_ptr();
-    void* args[] = {&gp, &ip, &op, &total, &plane_out, &plane_in};
-    const int device = acc.device().index;
-    launch(pool_kernel(kMaxPoolBackwardSource, "max_pool2d_backward", c, device),
-           {(total + kBlock - 1) / kBlock, kBlock, 0}, args, device);
+    const long long channels = last ? grad.size(1) : 1;
+    const long long plane_out = grad.size(-2) * grad.size(-1), plane_in = acc.size(-2) * acc.size(-1);
+    kMaxPoolBackward.launch(c, acc.device().index, total, grad.data_ptr(), indices.data_ptr(), acc.data_ptr(), total,
+                            channels, plane_out, plane_in);
   }
   Tensor(out[0]).copy_(acc);
 }

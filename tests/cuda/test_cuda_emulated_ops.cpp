@@ -7,6 +7,8 @@
 // side of each CUDA kernel runs for real here (its shapes, strides, launch arguments); the
 // device code runs with kernels/scalar.h's host functions.
 #include <functional>
+#include <limits>
+#include <tuple>
 #include <set>
 
 #include "cuda/cuda_emulator.h"
@@ -188,4 +190,26 @@ TEST_CASE("cuda emulated ops: random ops draw the CPU's Philox stream", "[cuda_e
     randn_like(zeros({4, 5}));
     dropout(ones({6, 5}), 0.3, true);
   });
+}
+
+TEST_CASE("cuda emulated ops: max pooling and its backward, NCHW and channels_last as they are",
+          "[cuda_emulated]") {
+  manual_seed(9);
+  // Ties, a NaN and -inf, windows past the padding, strides and dilation.
+  Tensor x = tied({2, 6, 9, 7});
+  x.view({x.numel()}).slice(0, 5, 6).fill_(-std::numeric_limits<double>::infinity());
+  for (MemoryFormat format : {MemoryFormat::contiguous, MemoryFormat::channels_last}) {
+    INFO("layout " << memory_format_name(format));
+    const Tensor xf = x.contiguous(format);
+    for (auto [k, s, p, d] : {std::tuple{3, 2, 1, 1}, std::tuple{2, 2, 0, 1}, std::tuple{3, 1, 1, 2}}) {
+      INFO("kernel " << k << " stride " << s << " padding " << p << " dilation " << d);
+      MaxPool2dResult r;
+      check_cuda_kernels({"max_pool2d"}, 0, [&] { r = max_pool2d_with_indices(xf, {k, k}, {s, s}, {p, p}, {d, d}); });
+      REQUIRE(r.values.is_contiguous(format));
+      const Tensor g = randn(r.values.shape()).contiguous(format);
+      check_cuda_kernels({"max_pool2d_backward"}, 1e-6, [&] { max_pool2d_backward(g, r.indices, xf.shape(), format); });
+    }
+  }
+  // A CHW input is one image.
+  check_cuda_kernels({"max_pool2d"}, 0, [&] { max_pool2d_with_indices(randn({3, 8, 8}), {2, 2}); });
 }

@@ -239,6 +239,18 @@ TEST_CASE("max_pool2d on the GPU gives the CPU's values and indices", "[cuda][cu
       check_same(fmt::format("3-d {}", dt), [&](auto& in) { return pool(in[0][1], {3}, {2}, {1}, {1}, false); }, {t}, 0);
     }
   }
+  // Channels-last input is pooled as it is (the NHWC kernels), into channels-last outputs;
+  // the gradient comes back channels-last too.
+  const Tensor nhwc = testing::small_integers({2, 5, 9, 8}, DType::f32);
+  check_same("channels_last 3x3 s2 p1", [](auto& in) {
+    const Tensor t = channels_last(in[0]);
+    const MaxPool2dResult r = max_pool2d_with_indices(t, {3}, {2}, {1});
+    CHECK(r.values.is_contiguous(MemoryFormat::channels_last));
+    const Tensor grad = channels_last(ones(r.values.shape(), {.dtype = t.dtype(), .device = t.device()}) * 0.5);
+    const Tensor dx = max_pool2d_backward(grad, r.indices, t.shape(), MemoryFormat::channels_last);
+    CHECK(dx.is_contiguous(MemoryFormat::channels_last));
+    return std::vector<Tensor>{r.values, r.indices, dx};
+  }, {nhwc}, 0);
   // NaN wins its window; a window of -inf points at its first element.
   const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
   const Tensor special = testing::f32s({1, nan, 3, 2, -inf, -inf, -inf, -inf, 5, 0, nan, 7}, {1, 1, 3, 4});
