@@ -170,6 +170,12 @@ TEST_CASE("cuda emulated ops: layer norm, cumsum, prod and the arg reductions", 
   manual_seed(7);
   const Tensor x = randn({5, 12}), w = randn({12}), b = randn({12});
   check_cuda_kernels({"layer_norm"}, 1e-6, [&] { layer_norm(x, {12}, w, b, 1e-5); });
+  const LayerNormResult r = layer_norm_with_stats(x, {12}, w, b, 1e-5);
+  const Tensor g = randn({5, 12});
+  check_cuda_kernels({"layer_norm_backward"}, 1e-6, [&] {
+    layer_norm_backward(g, x, {12}, r.mean, r.rstd, w);
+    layer_norm_backward(g, x, {12}, r.mean, r.rstd);
+  });
   check_cuda_kernels({"cumsum", "prod"}, 1e-6, [&] {
     cumsum(x, 1);
     cumsum(x, 0);
