@@ -103,7 +103,11 @@ class CudaRenderer : KernelRenderer {
   // offset, its other strides and its address aligned), each thread takes kVector
   // consecutive elements: one vector load per such buffer, the body once per lane, one
   // vector store per output. Buffers broadcast along the innermost dim read one element
-  // for the whole vector. Otherwise (or for rank 0) one element per thread.
+  // for the whole vector. Otherwise (or for rank 0) one element per thread. (For 8-byte
+  // types the vector is 16-byte aligned, so an offset of 2 elements would do; the check
+  // asks for 4 in every type, which is stricter, never wrong.) The launch gives a thread
+  // per kVector elements whenever the sizes allow the path, so a call that fails the
+  // run-time check walks its elements with a quarter of the threads.
   void pointwise() {
     line(1, fmt::format("const long long total = {};", product(0, k_.rank)));
     line(1, "const long long stride = static_cast<long long>(gridDim.x) * blockDim.x;");
@@ -242,7 +246,7 @@ CudaLaunch cuda_launch_shape(const Kernel& kernel, std::span<const int64_t> args
     const int64_t threads = cuda_pointwise_threads(kernel, args);
     if (threads == 0) return {.grid = 0, .block = kMaxBlock, .shared_bytes = 0};
     const int block = tuning.block > 0 ? tuning.block : kMaxBlock;
-    const int64_t cap = tuning.block > 0 ? tuning.max_grid : kMaxGrid;
+    const int64_t cap = tuning.block > 0 && tuning.max_grid > 0 ? tuning.max_grid : kMaxGrid;
     return {.grid = std::max<int64_t>(1, std::min((threads + block - 1) / block, cap)), .block = block,
             .shared_bytes = 0};
   }

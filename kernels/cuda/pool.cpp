@@ -74,7 +74,7 @@ constexpr const char* kPoolWindow = R"(
 
 const KernelFamily kMaxPool("max_pool2d", std::string(R"(
 typedef SCALAR C;
-#define AT(h, w) xp[(h) * in_w + (w)]
+#define AT(h, w) xp[(long long)(h) * in_w + (w)]
 extern "C" __global__ void NAME(const C* x, C* y, long long* indices, long long total, int channels, int in_h, int in_w,
                                 int out_h, int out_w, int kh, int kw, int sh, int sw, int ph, int pw, int dh, int dw) {
   const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;

@@ -1,6 +1,7 @@
 #include "cuda/cuda_emulator.h"
 
 #include <algorithm>
+#include <atomic>
 #include <string>
 #include <vector>
 
@@ -29,14 +30,15 @@ constexpr const char* kPrelude = R"(#include <math.h>
 #include <vector>
 
 struct kiln_emu_dim3 { unsigned int x = 0, y = 0, z = 0; };
+struct kiln_emu_size3 { unsigned int x = 1, y = 1, z = 1; };
 static thread_local kiln_emu_dim3 threadIdx, blockIdx;
-static kiln_emu_dim3 blockDim, gridDim;
+static kiln_emu_size3 blockDim, gridDim;
 #define __global__
 #define __device__
 #define __launch_bounds__(n)
 #define __shared__ static
 
-static std::barrier<>* kiln_emu_block_barrier = nullptr;
+static thread_local std::barrier<>* kiln_emu_block_barrier = nullptr;
 static std::vector<std::unique_ptr<std::barrier<>>> kiln_emu_warp_barriers;
 static unsigned long long kiln_emu_lane_value[1024];
 static long long* kiln_emu_vector_groups = nullptr;  // counts the vector path's groups
@@ -110,27 +112,35 @@ extern "C" void kiln_emulate(void* const* params, const int64_t* launch) {{
 {1}}}
 )";
 
-constexpr const char* kOneThreadAtATime = R"(  for (unsigned b = 0; b < gridDim.x; ++b)
-    for (unsigned t = 0; t < blockDim.x; ++t) {
+// Last block and thread first: an order a GPU may take too, and one that a kernel relying
+// on the obvious order (a += where an atomic is needed, a read of another thread's
+// element) is more likely to get wrong.
+constexpr const char* kOneThreadAtATime = R"(  for (unsigned b = gridDim.x; b-- > 0;)
+    for (unsigned t = blockDim.x; t-- > 0;) {
       blockIdx.x = b;
       threadIdx.x = t;
       run_block();
     }
 )";
 
-constexpr const char* kBlockOfThreads = R"(  std::barrier<> block(blockDim.x);
-  kiln_emu_block_barrier = &block;
+// Each block has its own __syncthreads barrier, which a thread leaving the kernel drops
+// out of (an exited GPU thread holds no barrier up); a second barrier, used only between
+// blocks, keeps the next block off the shared arrays until this one is done.
+constexpr const char* kBlockOfThreads = R"(  std::vector<std::unique_ptr<std::barrier<>>> per_block;
+  for (unsigned b = 0; b < gridDim.x; ++b) per_block.push_back(std::make_unique<std::barrier<>>(blockDim.x));
+  std::barrier<> between(blockDim.x);
   kiln_emu_warp_barriers.clear();
-  for (unsigned w = 0; w < (blockDim.x + 31) / 32; ++w)
-    kiln_emu_warp_barriers.push_back(std::make_unique<std::barrier<>>(blockDim.x - 32 * w < 32 ? blockDim.x - 32 * w : 32));
+  for (unsigned w = 0; w < blockDim.x / 32; ++w) kiln_emu_warp_barriers.push_back(std::make_unique<std::barrier<>>(32));
   std::vector<std::thread> team;
   for (unsigned t = 0; t < blockDim.x; ++t)
     team.emplace_back([&, t] {
       threadIdx.x = t;
       for (unsigned b = 0; b < gridDim.x; ++b) {
         blockIdx.x = b;
+        kiln_emu_block_barrier = per_block[b].get();
         run_block();
-        block.arrive_and_wait();  // the next block may reuse the shared arrays
+        per_block[b]->arrive_and_drop();
+        between.arrive_and_wait();
       }
     });
   for (std::thread& t : team) t.join();
@@ -150,6 +160,7 @@ EmulatedSource emulate_source(const std::string& source, const std::string& name
 int64_t run_source(const EmulatedSource& e, long long grid, int block, void** params) {
   KILN_CHECK(!e.block_threads || grid * block <= 64 * 256,
              "run_source: {} blocks of {} threads is too many for the emulator's blocks of real threads", grid, block);
+  KILN_CHECK(!e.block_threads || block % 32 == 0, "run_source: blocks of {} threads are not whole warps", block);
   long long groups = 0;
   const int64_t launch[] = {grid, block, reinterpret_cast<int64_t>(&groups)};
   e.compiled.function(params, launch);
@@ -181,10 +192,14 @@ int64_t run_emulated(const EmulatedKernel& k, std::span<const Tensor> inputs, st
 }
 
 namespace {
+std::atomic<int64_t> hand_launches{0};
 void emulated_launch(const cuda::KernelSource& kernel, long long grid, int block, void** args) {
   run_source(emulate_source(kernel.source, kernel.name), grid, block, args);
+  ++hand_launches;
 }
 }  // namespace
+
+int64_t EmulatedHandKernels::launches() { return hand_launches.load(); }
 
 EmulatedHandKernels::EmulatedHandKernels() : previous_(cuda::set_kernel_launch_hook(emulated_launch)) {}
 EmulatedHandKernels::~EmulatedHandKernels() { cuda::set_kernel_launch_hook(previous_); }

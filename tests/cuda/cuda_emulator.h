@@ -4,10 +4,14 @@
 // that gives it what CUDA would (threadIdx, blockIdx, blockDim, gridDim, __shared__,
 // __syncthreads, __shfl_down_sync, the bit casts), and a launcher that runs the grid.
 //
-// - Pointwise kernels run one emulated thread after another on the calling thread: they
-//   share nothing between threads, so any order is one the GPU may choose.
-// - Reductions run a block's threads as real threads (blocks one after another), with a
-//   barrier for __syncthreads and one per warp for the shuffles: small grids only.
+// - Kernels that never synchronize their threads run one emulated thread after another on
+//   the calling thread, last first: they share nothing between threads, so any order is
+//   one the GPU may choose.
+// - Kernels that do (__syncthreads, warp shuffles) run a block's threads as real threads,
+//   blocks one after another, with a barrier for __syncthreads and one per warp for the
+//   shuffles: small grids only, whole warps only.
+// - Not like a GPU: __shared__ arrays are statics, so they keep the last block's values
+//   where a GPU would give garbage; a shuffle with lanes that do not arrive deadlocks.
 //
 // The scalar functions are kernels/scalar.h's host versions, so what this checks is the
 // renderer's own code: the mapping of threads to elements, the unravelling, the vector
@@ -61,6 +65,10 @@ class EmulatedHandKernels {
   ~EmulatedHandKernels();
   EmulatedHandKernels(const EmulatedHandKernels&) = delete;
   EmulatedHandKernels& operator=(const EmulatedHandKernels&) = delete;
+  // How many family launches the emulator has run in this process (a CUDA kernel function
+  // that computes through eager ops on CPU tensors launches none: its test would compare
+  // the CPU with itself).
+  static int64_t launches();
 
  private:
   cuda::KernelLaunchHook previous_;

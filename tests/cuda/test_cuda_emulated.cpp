@@ -110,13 +110,34 @@ TEST_CASE("cuda emulated: pointwise kernels equal the C++ kernels on every layou
       CHECK(check_same(k, cpp, cuda, again, t) == rows * cols / 4);
     }
   }
-  SECTION("an input starting one element past alignment runs one element per thread") {
+  SECTION("each of the vector path's conditions alone sends a call down the one-element path") {
     Bound b = bind(g, k);
-    const Tensor wide = randn({rows, cols + 1});
-    b.inputs[0] = wide.slice(1, 1, cols + 1);  // rows of stride 17, offset 1
+    // Rows of stride 18 from an aligned start: the stride alone.
+    b.inputs[0] = randn({rows, 18}).slice(1, 0, cols);
     CHECK(check_same(k, cpp, cuda, b) == 0);
-    b.inputs[0] = randn({rows * cols + 1}).slice(0, 1, rows * cols + 1).view({rows, cols});  // offset 1
-    CHECK(check_same(k, cpp, cuda, b) == 0);
+    // Rows of stride 20 from an aligned start: every condition holds.
+    b.inputs[0] = randn({rows, 20}).slice(1, 0, cols);
+    CHECK(check_same(k, cpp, cuda, b) == rows * cols / 4);
+    // The start 1 or 2 elements past alignment (the address alone: the tensor's own
+    // offset is in its pointer), and 4 past, which is aligned again.
+    for (int64_t start : {1, 2, 4}) {
+      b.inputs[0] = randn({rows * cols + 4}).slice(0, start, start + rows * cols).view({rows, cols});
+      CHECK(check_same(k, cpp, cuda, b) == (start == 4 ? rows * cols / 4 : 0));
+    }
+  }
+  SECTION("an offset inside the kernel's own view: a slice the kernel reads") {
+    // The slice is a view step of the kernel (its offset an argument), not of the tensor.
+    for (int64_t start : {2, 4}) {
+      Graph sg;
+      const Value in = sg.add_input("a", type({rows, cols + 4}));
+      const Value part = op(sg, "slice", {in}, {{"dim", int64_t{1}}, {"start", start}, {"end", start + cols}, {"step", int64_t{1}}});
+      sg.set_outputs({op(sg, "relu", {part})});
+      const Kernel ks = lower(sg);
+      const CompiledKernel cs = compile_cpp(render_cpp(ks), cpp_symbol(ks));
+      const EmulatedKernel es = emulate_cuda(ks);
+      INFO("slice start " << start);
+      CHECK(check_same(ks, cs, es, bind(sg, ks)) == (start == 4 ? rows * cols / 4 : 0));
+    }
   }
   SECTION("a transposed input runs one element per thread") {
     Bound b = bind(g, k);
@@ -149,6 +170,22 @@ TEST_CASE("cuda emulated: channels_last, broadcast, mixed dtypes and 16-bit floa
     const Bound b = bind(g, k);
     REQUIRE(b.cpp_out[0].suggest_memory_format() == MemoryFormat::channels_last);
     CHECK(check_same(k, cpp, cuda, b) == 2 * 8 * 3 * 5 / 4);
+  }
+  SECTION("f64 operands: vectors of 32 bytes need 16-byte aligned addresses") {
+    Graph g;
+    const Value y = g.add_input("y", type({4, 12}, DType::f64));
+    g.set_outputs({op(g, "neg", {y})});
+    const Kernel k = lower(g);
+    const CompiledKernel cpp = compile_cpp(render_cpp(k), cpp_symbol(k));
+    const EmulatedKernel cuda = emulate_cuda(k);
+    Bound b = bind(g, k);
+    CHECK(check_same(k, cpp, cuda, b) == 4 * 12 / 4);
+    // The tensor's own offset is in its pointer: 1 element (8 bytes) past alignment is
+    // misaligned, 2 (16 bytes) aligned.
+    for (int64_t start : {1, 2}) {
+      b.inputs[0] = randn({4 * 12 + 2}, {.dtype = DType::f64}).slice(0, start, start + 4 * 12).view({4, 12});
+      CHECK(check_same(k, cpp, cuda, b) == (start == 2 ? 4 * 12 / 4 : 0));
+    }
   }
   SECTION("relu's backward: where(gt(y, 0), g, 0) with a bool mask between, f64") {
     Graph g;

@@ -11,11 +11,13 @@
 #include <tuple>
 #include <set>
 
+#include "compiler/compiler_testing.h"
 #include "cuda/cuda_emulator.h"
 #include "testing.h"
 
 using namespace kiln;
 using kiln::testing::EmulatedHandKernels;
+using kiln::testing::TempCache;
 
 namespace {
 
@@ -54,10 +56,12 @@ void check_cuda_kernels(const std::vector<std::string>& ops, double rtol, const 
       t.fill_(7);  // what the kernel does not write shows
       out.push_back(t);
     }
+    const int64_t before = EmulatedHandKernels::launches();
     {
       EmulatedHandKernels emulated;
       cuda(call.inputs, out, call.attrs);
     }
+    CHECK(EmulatedHandKernels::launches() > before);  // its device code ran in the emulator
     for (size_t i = 0; i < out.size(); ++i) {
       INFO("output " << i);
       if (rtol == 0 || !is_floating(out[i].dtype())) KILN_CHECK_EQUAL(out[i], call.outputs[i]);
@@ -82,6 +86,7 @@ Tensor tied(Shape shape, DType dtype = DType::f32) {
 }  // namespace
 
 TEST_CASE("cuda emulated ops: sort and topk give the CPU's stable permutation exactly", "[cuda_emulated]") {
+  TempCache cache;
   manual_seed(3);
   for (int64_t n : {1, 2, 5, 37, 300}) {
     INFO("line length " << n);
@@ -109,6 +114,7 @@ TEST_CASE("cuda emulated ops: sort and topk give the CPU's stable permutation ex
 }
 
 TEST_CASE("cuda emulated ops: scatter_add, gather, index_select and embedding_backward", "[cuda_emulated]") {
+  TempCache cache;
   manual_seed(4);
   const Tensor x = randn({4, 6});
   const Tensor index = randint(0, 6, {4, 9});  // duplicates along dim 1
@@ -126,6 +132,7 @@ TEST_CASE("cuda emulated ops: scatter_add, gather, index_select and embedding_ba
 }
 
 TEST_CASE("cuda emulated ops: arange, linspace, eye, one_hot, flip, tril and triu", "[cuda_emulated]") {
+  TempCache cache;
   manual_seed(5);
   for (DType t : {DType::f32, DType::f64, DType::i64, DType::i32, DType::u8, DType::f16}) {
     INFO("dtype " << name(t));
@@ -149,6 +156,7 @@ TEST_CASE("cuda emulated ops: arange, linspace, eye, one_hot, flip, tril and tri
 }
 
 TEST_CASE("cuda emulated ops: the losses and their backwards, in the CPU's order", "[cuda_emulated]") {
+  TempCache cache;
   manual_seed(6);
   const Tensor logits = randn({6, 5});
   const Tensor log_probs = log_softmax(logits, 1);
@@ -167,6 +175,7 @@ TEST_CASE("cuda emulated ops: the losses and their backwards, in the CPU's order
 }
 
 TEST_CASE("cuda emulated ops: layer norm, cumsum, prod and the arg reductions", "[cuda_emulated]") {
+  TempCache cache;
   manual_seed(7);
   const Tensor x = randn({5, 12}), w = randn({12}), b = randn({12});
   check_cuda_kernels({"layer_norm"}, 1e-6, [&] { layer_norm(x, {12}, w, b, 1e-5); });
@@ -189,6 +198,7 @@ TEST_CASE("cuda emulated ops: layer norm, cumsum, prod and the arg reductions", 
 }
 
 TEST_CASE("cuda emulated ops: random ops draw the CPU's Philox stream", "[cuda_emulated]") {
+  TempCache cache;
   manual_seed(8);
   check_cuda_kernels({"randint", "uniform", "normal", "dropout"}, 0, [&] {
     randint(-5, 9, {3, 7});
@@ -200,6 +210,7 @@ TEST_CASE("cuda emulated ops: random ops draw the CPU's Philox stream", "[cuda_e
 
 TEST_CASE("cuda emulated ops: max pooling and its backward, NCHW and channels_last as they are",
           "[cuda_emulated]") {
+  TempCache cache;
   manual_seed(9);
   // Ties, a NaN and -inf, windows past the padding, strides and dilation.
   Tensor x = tied({2, 6, 9, 7});
