@@ -4,14 +4,29 @@
 // is (transposed when its columns are); other layouts are copied first. f16 and bf16
 // multiply with f32 accumulation; f32 uses TF32 tensor cores only when
 // cuda::set_allow_tf32(true) says so (PyTorch's default for matmul is off, too).
+//
+// addmm with a bias vector and beta 1 (a Linear layer: bias [n] or [1, n] over a [m, n]
+// product) goes through cuBLASLt instead, the bias added in the GEMM's epilogue
+// (CUBLASLT_EPILOGUE_BIAS): no copy of the broadcast bias into the output first, no read
+// of it by the GEMM. cuBLASLt takes the bias as a packed vector of the output's dtype,
+// one element per row of its column-major D, which is per column n of kiln's row-major
+// output. Where its heuristic offers no algorithm (f64, odd alignments), or with
+// KILN_CUBLASLT=0, addmm takes the cuBLAS path.
+#include <cublasLt.h>
 #include <cublas_v2.h>
 
 #include <array>
 #include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <map>
 #include <mutex>
+#include <string>
+#include <utility>
 
 #include "core/ops/factory.h"
 #include "core/registry.h"
+#include "kernels/cuda/matmul.h"
 #include "kernels/cuda/runtime.h"
 
 namespace kiln::cuda {
@@ -142,10 +157,145 @@ void matmul_kernel(Span in, Span out, const Attrs&) {
   into_contiguous(out[0], [&](const Tensor& o) { gemm("matmul", a3, b3, o.view({count, m, n}), 1.0, 0.0); });
 }
 
+// ---- cuBLASLt: addmm's bias in the epilogue ----
+
+std::atomic<int64_t> g_lt_bias_calls{0};
+
+void check_lt(cublasStatus_t s, const char* what) {
+  KILN_CHECK(s == CUBLAS_STATUS_SUCCESS, "addmm: cuBLASLt {} failed: {} ({})", what, status_name(s), static_cast<int>(s));
+}
+
+cublasLtHandle_t lt_handle_for(int device) {
+  static std::array<cublasLtHandle_t, 64> handles{};
+  static std::mutex mutex;
+  std::lock_guard lock(mutex);
+  cublasLtHandle_t& h = handles.at(static_cast<size_t>(device));
+  if (!h) {
+    DeviceGuard guard(device);
+    check_lt(cublasLtCreate(&h), "cublasLtCreate");
+  }
+  return h;
+}
+
+bool lt_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("KILN_CUBLASLT");
+    return !(v && std::strcmp(v, "0") == 0);
+  }();
+  return on;
+}
+
+// RAII for the three descriptor kinds.
+struct LtMatmulDesc {
+  cublasLtMatmulDesc_t d = nullptr;
+  ~LtMatmulDesc() { if (d) cublasLtMatmulDescDestroy(d); }
+};
+struct LtLayout {
+  cublasLtMatrixLayout_t l = nullptr;
+  ~LtLayout() { if (l) cublasLtMatrixLayoutDestroy(l); }
+};
+struct LtPreference {
+  cublasLtMatmulPreference_t p = nullptr;
+  ~LtPreference() { if (p) cublasLtMatmulPreferenceDestroy(p); }
+};
+
+constexpr size_t kLtWorkspace = 32u << 20;  // what cuBLASLt may use (PyTorch's default too)
+
+// The largest power of two up to 256 dividing the address.
+uint32_t alignment_of(const void* p) {
+  const auto v = reinterpret_cast<uintptr_t>(p);
+  uint32_t a = 256;
+  while (a > 1 && v % a != 0) a /= 2;
+  return a;
+}
+
+// o = alpha * a @ b + bias for [m, k] @ [k, n] into a contiguous [m, n] o, bias a packed
+// [n] vector of o's dtype. Returns false, having done nothing, when cuBLASLt offers no
+// algorithm for the call.
+bool lt_addmm_bias(const Tensor& a2, const Tensor& b2, const Tensor& bias, const Tensor& o, double alpha) {
+  const int64_t m = o.size(0), n = o.size(1), k = a2.size(1);
+  const Operand a = operand(a2.unsqueeze(0)), b = operand(b2.unsqueeze(0));
+  const DType dt = o.dtype();
+  const cudaDataType type = data_type(dt, "addmm");
+  if (dt == DType::f64 || k == 0 || m > INT32_MAX || n > INT32_MAX || k > INT32_MAX) return false;
+  const cublasComputeType_t compute = dt == DType::f32 && g_allow_tf32.load() ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                                                              : CUBLAS_COMPUTE_32F;
+  const int device = o.device().index;
+  DeviceGuard guard(device);
+  // Column-major D^T (n x m) = op(B^T) (n x k) * op(A^T) (k x m); the layouts describe the
+  // matrices as stored, before the op.
+  LtMatmulDesc desc;
+  check_lt(cublasLtMatmulDescCreate(&desc.d, compute, CUDA_R_32F), "matmul descriptor");
+  const cublasOperation_t op_b = b.trans ? CUBLAS_OP_T : CUBLAS_OP_N, op_a = a.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+  const void* bias_ptr = bias.data_ptr();
+  check_lt(cublasLtMatmulDescSetAttribute(desc.d, CUBLASLT_MATMUL_DESC_TRANSA, &op_b, sizeof op_b), "TRANSA");
+  check_lt(cublasLtMatmulDescSetAttribute(desc.d, CUBLASLT_MATMUL_DESC_TRANSB, &op_a, sizeof op_a), "TRANSB");
+  check_lt(cublasLtMatmulDescSetAttribute(desc.d, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue), "EPILOGUE");
+  check_lt(cublasLtMatmulDescSetAttribute(desc.d, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_ptr, sizeof bias_ptr),
+           "BIAS_POINTER");
+  LtLayout first, second, result;
+  check_lt(cublasLtMatrixLayoutCreate(&first.l, type, static_cast<uint64_t>(b.trans ? k : n),
+                                      static_cast<uint64_t>(b.trans ? n : k), b.ld),
+           "layout of b");
+  check_lt(cublasLtMatrixLayoutCreate(&second.l, type, static_cast<uint64_t>(a.trans ? m : k),
+                                      static_cast<uint64_t>(a.trans ? k : m), a.ld),
+           "layout of a");
+  check_lt(cublasLtMatrixLayoutCreate(&result.l, type, static_cast<uint64_t>(n), static_cast<uint64_t>(m), n),
+           "layout of the output");
+  LtPreference pref;
+  check_lt(cublasLtMatmulPreferenceCreate(&pref.p), "preference");
+  const size_t workspace_bytes = kLtWorkspace;
+  check_lt(cublasLtMatmulPreferenceSetAttribute(pref.p, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
+                                                sizeof workspace_bytes),
+           "workspace preference");
+  // The heuristic assumes 256-byte aligned matrices unless told: say what they are (a view
+  // into a larger tensor, an allocator block at a smaller granularity).
+  const std::pair<cublasLtMatmulPreferenceAttributes_t, const void*> aligned[] = {
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, b.t.data_ptr()},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, a.t.data_ptr()},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, o.data_ptr()},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, o.data_ptr()}};
+  for (const auto& [attribute, pointer] : aligned) {
+    const uint32_t bytes = alignment_of(pointer);
+    check_lt(cublasLtMatmulPreferenceSetAttribute(pref.p, attribute, &bytes, sizeof bytes), "alignment preference");
+  }
+  const cublasLtHandle_t h = lt_handle_for(device);
+  cublasLtMatmulHeuristicResult_t found{};
+  int count = 0;
+  const cublasStatus_t asked =
+      cublasLtMatmulAlgoGetHeuristic(h, desc.d, first.l, second.l, result.l, result.l, pref.p, 1, &found, &count);
+  if (asked != CUBLAS_STATUS_SUCCESS || count == 0) return false;
+  const Tensor workspace = empty({static_cast<int64_t>(std::max<size_t>(found.workspaceSize, 1))},
+                                 {.dtype = DType::u8, .device = o.device()});
+  const float alpha_f = static_cast<float>(alpha), zero = 0.0f;
+  check_lt(cublasLtMatmul(h, desc.d, &alpha_f, b.t.data_ptr(), first.l, a.t.data_ptr(), second.l, &zero, o.data_ptr(),
+                          result.l, o.data_ptr(), result.l, &found.algo, workspace.data_ptr(), found.workspaceSize,
+                          stream_of(device)),
+           "cublasLtMatmul");
+  ++g_lt_bias_calls;
+  return true;
+}
+
+// The bias of addmm(bias, a, b) as a vector over the output's columns, when it is one:
+// [n] or [1, n] (any strides; made packed and of dtype `dt`). Undefined otherwise.
+Tensor bias_vector(const Tensor& bias, int64_t n, DType dt) {
+  const bool row = (bias.dim() == 1 && bias.size(0) == n) || (bias.dim() == 2 && bias.size(0) == 1 && bias.size(1) == n);
+  if (!row || n <= 1) return {};
+  return bias.reshape({n}).to(dt).contiguous();
+}
+
 void addmm_kernel(Span in, Span out, const Attrs& attrs) {
   const double beta = attrs.has("beta") ? attrs.scalar("beta").to_double() : 1.0;
   const double alpha = attrs.has("alpha") ? attrs.scalar("alpha").to_double() : 1.0;
   data_type(in[1].dtype(), "addmm");
+  // Not when the bias is (in) the output: the program's in-place accumulation, which the
+  // cuBLAS path below does with beta.
+  if (beta == 1.0 && lt_enabled() && out[0].is_contiguous() && out[0].numel() > 0 &&
+      in[0].storage() != out[0].storage()) {
+    const Tensor vec = bias_vector(in[0], out[0].size(1), out[0].dtype());
+    if (vec.defined() && lt_addmm_bias(in[1], in[2], vec, out[0], alpha)) return;
+  }
   into_contiguous(out[0], [&](const Tensor& o) {
     // The bias, broadcast (beta == 0 never reads it); already there when the program
     // accumulates into it in place (the compiler's gemm_epilogues).
@@ -166,6 +316,7 @@ struct Registrar {
 }  // namespace
 
 void set_allow_tf32(bool allow) { g_allow_tf32.store(allow); }
+int64_t cublaslt_bias_epilogues() { return g_lt_bias_calls.load(); }
 bool allow_tf32() { return g_allow_tf32.load(); }
 
 }  // namespace kiln::cuda

@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "cuda/cuda_testing.h"
+#include "kernels/cuda/matmul.h"
 
 using namespace kiln;
 using kiln::testing::gpu;
@@ -139,6 +140,23 @@ TEST_CASE("matrix products on the GPU through cuBLAS equal the CPU", "[cuda]") {
     KILN_CHECK_CLOSE(host(mm(gpu(b).t(), gpu(a).t())), mm(b.t(), a.t()), t, t * 33);
     const Tensor bias = values_in({9}, -1, 1, dt, 7);
     KILN_CHECK_CLOSE(host(addmm(gpu(bias), gpu(a), gpu(b), 0.5, 2)), addmm(bias, a, b, 0.5, 2), t, t * 66);
+  }
+  // A Linear: addmm(bias [n] or [1, n], x, w.t()) with beta 1 adds the bias in cuBLASLt's
+  // epilogue (f64 keeps cuBLAS); operands as views at offsets and transposed.
+  for (DType dt : testing::kFloatDTypes) {
+    INFO("linear " << name(dt));
+    const double t = dt == DType::f64 ? 1e-12 : dt == DType::f32 ? 1e-5 : 1e-2;
+    const Tensor x = values_in({17, 32}, -1, 1, dt, 21), w = values_in({16, 32}, -1, 1, dt, 22);
+    const Tensor bias = values_in({16}, -1, 1, dt, 23);
+    const int64_t before = cuda::cublaslt_bias_epilogues();
+    KILN_CHECK_CLOSE(host(addmm(gpu(bias), gpu(x), gpu(w).t())), addmm(bias, x, w.t()), t, t * 33);
+    KILN_CHECK_CLOSE(host(addmm(gpu(bias).unsqueeze(0), gpu(x), gpu(w).t(), 1, 0.5)),
+                     addmm(bias.unsqueeze(0), x, w.t(), 1, 0.5), t, t * 33);
+    const Tensor wide = values_in({18, 40}, -1, 1, dt, 24);
+    const Tensor xv = wide.slice(0, 1, 18).slice(1, 3, 35);  // rows of stride 40, an odd offset
+    KILN_CHECK_CLOSE(host(addmm(gpu(bias), gpu(wide).slice(0, 1, 18).slice(1, 3, 35), gpu(w).t())),
+                     addmm(bias, xv, w.t()), t, t * 33);
+    if (dt != DType::f64) CHECK(cuda::cublaslt_bias_epilogues() > before);
   }
   // Batched with broadcasting, vectors, bmm, beta = 0 ignoring NaNs.
   const Tensor a = values_in({2, 1, 4, 3}, -1, 1, DType::f32), b = values_in({5, 3, 6}, -1, 1, DType::f32, 2);

@@ -1,0 +1,11 @@
+#pragma once
+// What kernels/cuda/matmul.cpp tells its tests.
+#include <cstdint>
+
+namespace kiln::cuda {
+
+// How many addmm calls have added their bias in cuBLASLt's epilogue (the Linear case:
+// a bias vector over the product's columns, beta 1) since the process started.
+int64_t cublaslt_bias_epilogues();
+
+}  // namespace kiln::cuda
