@@ -21,8 +21,11 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
+
+#include <fmt/format.h>
 
 #include "core/ops/factory.h"
 #include "core/registry.h"
@@ -261,11 +264,30 @@ bool lt_addmm_bias(const Tensor& a2, const Tensor& b2, const Tensor& bias, const
     check_lt(cublasLtMatmulPreferenceSetAttribute(pref.p, attribute, &bytes, sizeof bytes), "alignment preference");
   }
   const cublasLtHandle_t h = lt_handle_for(device);
-  cublasLtMatmulHeuristicResult_t found{};
-  int count = 0;
-  const cublasStatus_t asked =
-      cublasLtMatmulAlgoGetHeuristic(h, desc.d, first.l, second.l, result.l, result.l, pref.p, 1, &found, &count);
-  if (asked != CUBLAS_STATUS_SUCCESS || count == 0) return false;
+  // The heuristic's answer, once per problem (it costs tens of microseconds of host time):
+  // everything it was told is in the key.
+  const std::string key = fmt::format("{}|{}|{}|{}x{}x{}|{}{}|{}|{}|{}|{}|{}|{}", device, static_cast<int>(dt),
+                                      static_cast<int>(compute), m, n, k, b.trans, a.trans, b.ld, a.ld,
+                                      alignment_of(b.t.data_ptr()), alignment_of(a.t.data_ptr()),
+                                      alignment_of(o.data_ptr()), alignment_of(bias_ptr));
+  static std::mutex cache_mutex;
+  static std::map<std::string, std::optional<cublasLtMatmulHeuristicResult_t>> cache;
+  std::optional<cublasLtMatmulHeuristicResult_t> choice;
+  {
+    std::lock_guard lock(cache_mutex);
+    auto it = cache.find(key);
+    if (it == cache.end()) {
+      cublasLtMatmulHeuristicResult_t result_found{};
+      int count = 0;
+      const cublasStatus_t asked = cublasLtMatmulAlgoGetHeuristic(h, desc.d, first.l, second.l, result.l, result.l,
+                                                                  pref.p, 1, &result_found, &count);
+      if (asked == CUBLAS_STATUS_SUCCESS && count > 0) choice = result_found;
+      it = cache.emplace(key, choice).first;
+    }
+    choice = it->second;
+  }
+  if (!choice) return false;
+  const cublasLtMatmulHeuristicResult_t& found = *choice;
   const Tensor workspace = empty({static_cast<int64_t>(std::max<size_t>(found.workspaceSize, 1))},
                                  {.dtype = DType::u8, .device = o.device()});
   const float alpha_f = static_cast<float>(alpha), zero = 0.0f;
@@ -278,11 +300,14 @@ bool lt_addmm_bias(const Tensor& a2, const Tensor& b2, const Tensor& bias, const
 }
 
 // The bias of addmm(bias, a, b) as a vector over the output's columns, when it is one:
-// [n] or [1, n] (any strides; made packed and of dtype `dt`). Undefined otherwise.
+// [n] or [1, n] (any strides; made packed, 16-byte aligned and of dtype `dt`: cuBLASLt's
+// bias kernels have faulted on less aligned vectors, pytorch/pytorch#194497). Undefined
+// otherwise.
 Tensor bias_vector(const Tensor& bias, int64_t n, DType dt) {
   const bool row = (bias.dim() == 1 && bias.size(0) == n) || (bias.dim() == 2 && bias.size(0) == 1 && bias.size(1) == n);
   if (!row || n <= 1) return {};
-  return bias.reshape({n}).to(dt).contiguous();
+  Tensor v = bias.reshape({n}).to(dt).contiguous();
+  return alignment_of(v.data_ptr()) < 16 ? v.clone() : v;
 }
 
 void addmm_kernel(Span in, Span out, const Attrs& attrs) {
