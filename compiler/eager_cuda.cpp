@@ -31,6 +31,7 @@
 #include "core/ops/elementwise.h"
 #include "core/ops/reduce.h"
 #include "core/registry.h"
+#include "kernels/cuda/optim.h"
 
 namespace kiln::compiler {
 namespace {
@@ -347,12 +348,16 @@ void adamw_update_inplace(Span in, Span, const Attrs& attrs) {
 }
 void adamw_update(Span in, Span out, const Attrs& attrs) { run_adamw(in, out, attrs); }
 
-// The multi-tensor forms (sgd_update_multi_ and kin) run the per-parameter kernel above for
-// each parameter in turn: one launch per parameter still, but obviously the single op's
-// numbers. A fused multi-tensor CUDA kernel (one launch over a table of pointers) is left
-// for when a GPU can test it.
+// The multi-tensor SGD forms run a group's parameters in a few launches of one kernel
+// (kernels/cuda/optim.h: up to 24 parameters each, the CPU kernel's numbers) when their
+// tensors are dense f32 or f64; otherwise, and for AdamW, the per-parameter kernel above
+// for each parameter in turn (one launch per parameter, the single op's numbers).
 void sgd_update_multi_inplace(Span in, Span, const Attrs& attrs) {
   const int64_t n = attrs.i("count");
+  const bool has_buf = in[static_cast<size_t>(2 * n)].defined();
+  const Span params = in.subspan(0, static_cast<size_t>(n));
+  const Span buffers = has_buf ? in.subspan(static_cast<size_t>(2 * n), static_cast<size_t>(n)) : Span{};
+  if (cuda::sgd_update_multi_tensor(in, params, buffers, attrs)) return;
   for (int64_t k = 0; k < n; ++k) {
     const std::vector<Tensor> single = sgd_single_inputs(in, n, k);
     run_sgd(single, single[0], single[2], attrs);
@@ -361,6 +366,9 @@ void sgd_update_multi_inplace(Span in, Span, const Attrs& attrs) {
 // out: (new_param x N, new_momentum_buffer x N if given).
 void sgd_update_multi(Span in, Span out, const Attrs& attrs) {
   const int64_t n = attrs.i("count");
+  const Span params = out.subspan(0, static_cast<size_t>(n));
+  const Span buffers = static_cast<int64_t>(out.size()) > n ? out.subspan(static_cast<size_t>(n)) : Span{};
+  if (cuda::sgd_update_multi_tensor(in, params, buffers, attrs)) return;
   for (int64_t k = 0; k < n; ++k) {
     const Tensor buf = static_cast<int64_t>(out.size()) > n ? out[static_cast<size_t>(n + k)] : Tensor();
     run_sgd(sgd_single_inputs(in, n, k), out[static_cast<size_t>(k)], buf, attrs);

@@ -13,6 +13,7 @@
 
 #include "compiler/compiler_testing.h"
 #include "cuda/cuda_emulator.h"
+#include "kernels/cuda/optim.h"
 #include "testing.h"
 
 using namespace kiln;
@@ -229,4 +230,62 @@ TEST_CASE("cuda emulated ops: max pooling and its backward, NCHW and channels_la
   }
   // A CHW input is one image.
   check_cuda_kernels({"max_pool2d"}, 0, [&] { max_pool2d_with_indices(randn({3, 8, 8}), {2, 2}); });
+}
+
+TEST_CASE("cuda emulated ops: the multi-tensor SGD update equals the CPU's, 24 parameters a launch",
+          "[cuda_emulated]") {
+  TempCache cache;
+  manual_seed(10);
+  // 30 parameters: two launches; one empty; odd sizes.
+  std::vector<Tensor> params, grads, buffers;
+  for (int64_t k = 0; k < 30; ++k) {
+    const Shape shape = k == 5 ? Shape{0} : Shape{k + 1, 3};
+    params.push_back(randn(shape));
+    grads.push_back(randn(shape));
+    buffers.push_back(randn(shape));
+  }
+  const SGDHyper hyper{full({}, 0.1), full({}, 0.9), full({}, 0.25), full({}, 0.01)};
+  for (const SGDFlags flags : {SGDFlags{}, SGDFlags{.nesterov = true}, SGDFlags{.maximize = true},
+                               SGDFlags{.first = true}}) {
+    INFO("nesterov " << flags.nesterov << " maximize " << flags.maximize << " first " << flags.first);
+    check_cuda_kernels({"sgd_update_multi"}, 0, [&] {
+      sgd_update_multi(params, grads, buffers, hyper, flags);
+      sgd_update_multi(params, grads, {}, hyper, flags);
+    });
+  }
+  // Momentum 0 (a schedule's) leaves the buffers as they are; no weight decay.
+  const SGDHyper resting{full({}, 0.1), full({}, 0.0), full({}, 0.0), full({}, 0.0)};
+  check_cuda_kernels({"sgd_update_multi"}, 0, [&] { sgd_update_multi(params, grads, buffers, resting, {}); });
+
+  // The in-place form, through its CUDA kernel function, against the CPU op.
+  std::vector<Tensor> cpu_p, cpu_b, emu_p, emu_b;
+  for (size_t k = 0; k < params.size(); ++k) {
+    cpu_p.push_back(params[k].clone());
+    cpu_b.push_back(buffers[k].clone());
+    emu_p.push_back(params[k].clone());
+    emu_b.push_back(buffers[k].clone());
+  }
+  sgd_update_multi_(cpu_p, grads, cpu_b, hyper, {.nesterov = true});
+  std::vector<Tensor> in = emu_p;
+  in.insert(in.end(), grads.begin(), grads.end());
+  in.insert(in.end(), emu_b.begin(), emu_b.end());
+  in.insert(in.end(), {hyper.lr, hyper.momentum, hyper.dampening, hyper.weight_decay});
+  const Attrs attrs{{"count", static_cast<int64_t>(params.size())}, {"nesterov", true}, {"maximize", false},
+                    {"first", false}};
+  {
+    EmulatedHandKernels emulated;
+    find_op("sgd_update_multi_").kernels[static_cast<size_t>(DeviceType::cuda)](in, {}, attrs);
+  }
+  for (size_t k = 0; k < params.size(); ++k) {
+    KILN_CHECK_EQUAL(emu_p[k], cpu_p[k]);
+    KILN_CHECK_EQUAL(emu_b[k], cpu_b[k]);
+  }
+
+  // Tensors of one parameter in different layouts are left to the per-parameter kernels.
+  const Tensor w = randn({4, 3, 2, 2});
+  const Tensor w_last = w.contiguous(MemoryFormat::channels_last);
+  const std::vector<Tensor> mixed = {w_last, randn({4, 3, 2, 2}), Tensor(), full({}, 0.1), full({}, 0.0),
+                                     full({}, 0.0), full({}, 0.0)};
+  const Tensor out = empty({4, 3, 2, 2});
+  CHECK_FALSE(cuda::sgd_update_multi_tensor(mixed, {&out, 1}, {}, Attrs{{"count", int64_t{1}}}));
 }
