@@ -1,6 +1,9 @@
 #include "kernels/cuda/optim.h"
 
+#include <map>
+#include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/ops/elementwise.h"
@@ -73,6 +76,34 @@ bool dense_like(const Tensor& t, const Tensor& like) {
          (like.is_contiguous() || like.is_contiguous(MemoryFormat::channels_last));
 }
 
+// The four hyperparameters as one f64 vector on `device`. Device tensors: device ops (a
+// cast and a cat), nothing read on the host. Host tensors (optim's): their values, and a
+// device copy kept per value set for the last few sets, so a step whose lr did not change
+// copies nothing (a copy from pageable memory may wait for the stream: the GPU would idle
+// while the host caught up). The kept tensors are never written, so queued kernels may
+// share them.
+Tensor hyper_vector(std::span<const Tensor> hyper, Device device) {
+  bool host = true;
+  for (const Tensor& t : hyper) host = host && t.device().is_cpu();
+  if (!host) {
+    std::vector<Tensor> parts;
+    for (const Tensor& t : hyper) parts.push_back(t.to(device).to(DType::f64).reshape({1}));
+    return cat(parts, 0);
+  }
+  std::vector<double> values;
+  for (const Tensor& t : hyper) values.push_back(t.item<double>());
+  static std::mutex mutex;
+  static std::map<std::pair<int, std::vector<double>>, Tensor> recent;
+  std::lock_guard lock(mutex);
+  const auto key = std::pair{device.index, values};
+  auto it = recent.find(key);
+  if (it == recent.end()) {
+    if (recent.size() >= 16) recent.clear();
+    it = recent.emplace(key, from_vector<double>(values).to(device)).first;
+  }
+  return it->second;
+}
+
 }  // namespace
 
 bool sgd_update_multi_tensor(std::span<const Tensor> in, std::span<const Tensor> p_out,
@@ -89,13 +120,7 @@ bool sgd_update_multi_tensor(std::span<const Tensor> in, std::span<const Tensor>
     if (has_buf && (!dense_like(in[static_cast<size_t>(2 * n + k)], p) || !dense_like(buf_out[static_cast<size_t>(k)], p)))
       return false;
   }
-  // The hyperparameters as one f64 vector on the parameters' device: device ops, or one
-  // copy when they are host tensors.
-  const size_t h = static_cast<size_t>(3 * n);
-  const Device device = in[0].device();
-  std::vector<Tensor> parts;
-  for (size_t i = 0; i < 4; ++i) parts.push_back(in[h + i].to(device).to(DType::f64).reshape({1}));
-  const Tensor hyper = cat(parts, 0);
+  const Tensor hyper = hyper_vector(in.subspan(static_cast<size_t>(3 * n), 4), in[0].device());
   const int maximize = attrs.b("maximize"), nesterov = attrs.b("nesterov"), first = attrs.b("first");
   for (int64_t begin = 0; begin < n; begin += kSgdGroup) {
     SgdParams group{};
@@ -115,7 +140,7 @@ bool sgd_update_multi_tensor(std::span<const Tensor> in, std::span<const Tensor>
     }
     if (total == 0) continue;
     const long long threads = std::min<long long>(total, 65536LL * KernelFamily::kBlock);
-    kSgdMulti.launch(dt, device.index, threads, group, hyper.data_ptr(), total, maximize, nesterov, first);
+    kSgdMulti.launch(dt, in[0].device().index, threads, group, hyper.data_ptr(), total, maximize, nesterov, first);
   }
   return true;
 }
