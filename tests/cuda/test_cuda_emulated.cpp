@@ -275,3 +275,31 @@ TEST_CASE("cuda emulated: every pointwise kernel of a ResNet-50 training step eq
   WARN(first.size() << " distinct pointwise kernels emulated, " << vectorized << " took the vector path");
   CHECK(vectorized > 0);
 }
+
+// Every kernel of a compiled MLP training step (batch 3): the bias gradients are
+// reductions over the batch of transposed reads, one block per output.
+TEST_CASE("cuda emulated: every kernel of an MLP training step equals its C++ kernel", "[cuda_emulated]") {
+  TempCache cache;
+  manual_seed(1);
+  auto model = std::make_shared<models::MLP>(std::vector<int64_t>{48, 40, 24, 10});
+  const Tensor x = randn({3, 48});
+  const Tensor y = randint(0, 10, {3});
+  auto step = [&](const std::vector<Tensor>& a) -> std::vector<Tensor> {
+    Tensor loss = cross_entropy((*model)(a[0]), a[1]);
+    loss.backward();
+    return {loss};
+  };
+  const Trace t = trace(step, {x, y}, module_names(*model));
+  const Graph g = run_pipeline(t.graph, default_compile_passes());
+  const std::vector<FusionGroup> groups = fuse(g);
+  std::vector<const Kernel*> kernels;
+  for (const FusionGroup& group : groups)
+    if (group.is_kernel()) kernels.push_back(&group.kernel);
+  int64_t reductions = 0;
+  for (const Kernel* k : kernels) reductions += k->num_reduced > 0;
+  REQUIRE(reductions >= 3);
+  std::vector<std::pair<std::string, std::string>> sources;
+  for (const Kernel* k : kernels) sources.push_back({render_cpp(*k), cpp_symbol(*k)});
+  const std::vector<CompiledKernel> cpp = compile_cpp_batch(sources, 2);
+  for (size_t i = 0; i < kernels.size(); ++i) check_same(*kernels[i], cpp[i], emulate_cuda(*kernels[i]), bind(g, *kernels[i]));
+}
