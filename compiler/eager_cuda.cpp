@@ -258,8 +258,11 @@ void run_sgd(Span in, const Tensor& p_out, const Tensor& buf_out, const Attrs& a
   const double lr = in[3].item<double>(), momentum = in[4].item<double>(), dampening = in[5].item<double>(),
                weight_decay = in[6].item<double>();
   const bool nesterov = attrs.b("nesterov"), maximize = attrs.b("maximize"), first = attrs.b("first");
-  // Momentum 0 (a schedule's) leaves an existing buffer as it is, as PyTorch skips it.
-  const bool resting = in[2].defined() && momentum == 0;
+  // Momentum 0 (a schedule's) leaves an existing buffer as it is, as PyTorch skips it; 0
+  // in the parameters' dtype, as the CPU kernel tests it (a tiny f64 momentum rounds to an
+  // f32 0).
+  const bool zero_momentum = p.dtype() == DType::f64 ? momentum == 0 : static_cast<float>(momentum) == 0.0f;
+  const bool resting = in[2].defined() && zero_momentum;
   const bool has_buf = in[2].defined() && !resting, decay = weight_decay != 0;
   if (resting && buf_out.defined() && buf_out.storage() != in[2].storage()) Tensor(buf_out).copy_(in[2]);
   const Device device = p.device();
@@ -349,16 +352,15 @@ void adamw_update_inplace(Span in, Span, const Attrs& attrs) {
 void adamw_update(Span in, Span out, const Attrs& attrs) { run_adamw(in, out, attrs); }
 
 // The multi-tensor SGD forms run a group's parameters in a few launches of one kernel
-// (kernels/cuda/optim.h: up to 24 parameters each, the CPU kernel's numbers) when their
-// tensors are dense f32 or f64; otherwise, and for AdamW, the per-parameter kernel above
-// for each parameter in turn (one launch per parameter, the single op's numbers).
+// (kernels/cuda/optim.h: up to 24 parameters each, the CPU kernel's numbers) where their
+// tensors are dense f32 or f64 in one memory order; the others, and AdamW's, through the
+// per-parameter kernel above (one launch per parameter, the single op's numbers).
 void sgd_update_multi_inplace(Span in, Span, const Attrs& attrs) {
   const int64_t n = attrs.i("count");
   const bool has_buf = in[static_cast<size_t>(2 * n)].defined();
   const Span params = in.subspan(0, static_cast<size_t>(n));
   const Span buffers = has_buf ? in.subspan(static_cast<size_t>(2 * n), static_cast<size_t>(n)) : Span{};
-  if (cuda::sgd_update_multi_tensor(in, params, buffers, attrs)) return;
-  for (int64_t k = 0; k < n; ++k) {
+  for (int64_t k : cuda::sgd_update_multi_tensor(in, params, buffers, attrs)) {
     const std::vector<Tensor> single = sgd_single_inputs(in, n, k);
     run_sgd(single, single[0], single[2], attrs);
   }
@@ -368,8 +370,7 @@ void sgd_update_multi(Span in, Span out, const Attrs& attrs) {
   const int64_t n = attrs.i("count");
   const Span params = out.subspan(0, static_cast<size_t>(n));
   const Span buffers = static_cast<int64_t>(out.size()) > n ? out.subspan(static_cast<size_t>(n)) : Span{};
-  if (cuda::sgd_update_multi_tensor(in, params, buffers, attrs)) return;
-  for (int64_t k = 0; k < n; ++k) {
+  for (int64_t k : cuda::sgd_update_multi_tensor(in, params, buffers, attrs)) {
     const Tensor buf = static_cast<int64_t>(out.size()) > n ? out[static_cast<size_t>(n + k)] : Tensor();
     run_sgd(sgd_single_inputs(in, n, k), out[static_cast<size_t>(k)], buf, attrs);
   }

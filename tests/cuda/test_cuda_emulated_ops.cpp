@@ -281,11 +281,25 @@ TEST_CASE("cuda emulated ops: the multi-tensor SGD update equals the CPU's, 24 p
     KILN_CHECK_EQUAL(emu_b[k], cpu_b[k]);
   }
 
-  // Tensors of one parameter in different layouts are left to the per-parameter kernels.
-  const Tensor w = randn({4, 3, 2, 2});
-  const Tensor w_last = w.contiguous(MemoryFormat::channels_last);
-  const std::vector<Tensor> mixed = {w_last, randn({4, 3, 2, 2}), Tensor(), full({}, 0.1), full({}, 0.0),
-                                     full({}, 0.0), full({}, 0.0)};
-  const Tensor out = empty({4, 3, 2, 2});
-  CHECK_FALSE(cuda::sgd_update_multi_tensor(mixed, {&out, 1}, {}, Attrs{{"count", int64_t{1}}}));
+  // Parameters whose tensors are in different memory orders are left to the caller (the
+  // per-parameter kernels); the others are updated. Strides of size-1 dims do not matter.
+  const Tensor a = randn({5, 3}), ga = randn({5, 3});
+  const Tensor b = randn({4, 3, 2, 2}).contiguous(MemoryFormat::channels_last), gb = randn({4, 3, 2, 2});
+  const Tensor c = randn({6, 4, 1, 1}), gc = randn({6, 1, 1, 4}).permute({0, 3, 1, 2});
+  REQUIRE(c.strides() != gc.strides());
+  const std::vector<Tensor> mixed = {a, b, c, ga, gb, gc, Tensor(), Tensor(), Tensor(),
+                                     hyper.lr, hyper.momentum, hyper.dampening, hyper.weight_decay};
+  const std::vector<Tensor> outs = {empty({5, 3}), empty({4, 3, 2, 2}), empty({6, 4, 1, 1})};
+  Tensor(outs[1]).fill_(7.0);
+  std::vector<int64_t> left;
+  {
+    EmulatedHandKernels emulated;
+    left = cuda::sgd_update_multi_tensor(mixed, outs, {}, Attrs{{"count", int64_t{3}}, {"nesterov", false},
+                                                                {"maximize", false}, {"first", false}});
+  }
+  CHECK(left == std::vector<int64_t>{1});
+  const SGDUpdate ra = sgd_update(a, ga, {}, hyper, {}), rc = sgd_update(c, gc, {}, hyper, {});
+  KILN_CHECK_EQUAL(outs[0], ra.param);
+  KILN_CHECK_EQUAL(outs[2], rc.param);
+  KILN_CHECK_EQUAL(outs[1], full({4, 3, 2, 2}, 7.0));
 }
