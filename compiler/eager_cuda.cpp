@@ -15,10 +15,12 @@
 // graphs lowered the same way (below).
 #if defined(KILN_HAVE_CUDA)
 
+#include <bit>
 #include <cmath>
 #include <functional>
 #include <map>
 #include <mutex>
+#include <tuple>
 #include <unordered_map>
 
 #include <fmt/format.h>
@@ -231,19 +233,25 @@ std::string shape_pattern(const Tensor& t) {
 // The host factors as 0-d views of one device tensor. Every parameter of an optimizer
 // step has the same factors, so the last few tensors are kept (they are never written, so
 // sharing them between queued kernels is safe): one small copy per step, not per parameter.
+// Kept per stream (the copy and the kernels reading it, and the block's reuse once it is
+// dropped, are ordered on that stream) and per bit pattern (NaN has no order for a map's
+// key, and -0 would find a kept 0).
 std::vector<Tensor> device_scalars(const std::vector<double>& values, Device device) {
   static std::mutex mutex;
-  static std::map<std::pair<int, std::vector<double>>, Tensor> recent;
+  static std::map<std::tuple<int, void*, std::vector<uint64_t>>, Tensor> recent;
+  std::vector<uint64_t> bits;
+  for (double v : values) bits.push_back(std::bit_cast<uint64_t>(v));
+  const auto key = std::tuple{device.index, cuda::current_stream(device.index).handle, bits};
   Tensor all;
   {
     std::lock_guard lock(mutex);
-    auto it = recent.find({device.index, values});
+    auto it = recent.find(key);
     if (it != recent.end()) {
       all = it->second;
     } else {
       if (recent.size() >= 16) recent.clear();
       all = from_vector<double>(values).to(device);
-      recent.emplace(std::pair{device.index, values}, all);
+      recent.emplace(key, all);
     }
   }
   std::vector<Tensor> out;
