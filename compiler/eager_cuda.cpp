@@ -28,6 +28,7 @@
 #include "compiler/codegen/cuda_run.h"
 #include "compiler/codegen/lower.h"
 #include "compiler/ir/graph.h"
+#include "core/cuda.h"
 #include "core/ops/factory.h"
 #include "core/ops/optim_ops.h"
 #include "core/ops/elementwise.h"
