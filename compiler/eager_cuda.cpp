@@ -362,8 +362,9 @@ void adamw_update(Span in, Span out, const Attrs& attrs) { run_adamw(in, out, at
 
 // The multi-tensor SGD forms run a group's parameters in a few launches of one kernel
 // (kernels/cuda/optim.h: up to 24 parameters each, the CPU kernel's numbers) where their
-// tensors are dense f32 or f64 in one memory order; the others, and AdamW's, through the
-// per-parameter kernel above (one launch per parameter, the single op's numbers).
+// tensors are dense f32 or f64 in one memory order; the others through the
+// per-parameter kernel above (one launch per parameter, the single op's numbers). AdamW's
+// multi forms likewise, up to 16 parameters a launch.
 void sgd_update_multi_inplace(Span in, Span, const Attrs& attrs) {
   const int64_t n = attrs.i("count");
   const bool has_buf = in[static_cast<size_t>(2 * n)].defined();
@@ -386,7 +387,9 @@ void sgd_update_multi(Span in, Span out, const Attrs& attrs) {
 }
 void adamw_update_multi_inplace(Span in, Span, const Attrs& attrs) {
   const int64_t n = attrs.i("count");
-  for (int64_t k = 0; k < n; ++k) {
+  const auto role = [&](int64_t r) { return in.subspan(static_cast<size_t>(r * n), static_cast<size_t>(n)); };
+  const bool amsgrad = in[static_cast<size_t>(4 * n)].defined();
+  for (int64_t k : cuda::adamw_update_multi_tensor(in, {role(0), role(2), role(3), amsgrad ? role(4) : Span{}}, attrs)) {
     const std::vector<Tensor> single = adamw_single_inputs(in, n, k);
     const Tensor out[] = {single[0], single[2], single[3], single[4]};
     run_adamw(single, out, attrs);
@@ -395,7 +398,11 @@ void adamw_update_multi_inplace(Span in, Span, const Attrs& attrs) {
 // out: (new_param x N, new_exp_avg x N, new_exp_avg_sq x N, new_max_exp_avg_sq x N if given).
 void adamw_update_multi(Span in, Span out, const Attrs& attrs) {
   const int64_t n = attrs.i("count");
-  for (int64_t k = 0; k < n; ++k) {
+  const auto role = [&](int64_t r) {
+    return static_cast<int64_t>(out.size()) >= (r + 1) * n ? out.subspan(static_cast<size_t>(r * n), static_cast<size_t>(n))
+                                                            : Span{};
+  };
+  for (int64_t k : cuda::adamw_update_multi_tensor(in, {role(0), role(1), role(2), role(3)}, attrs)) {
     std::vector<Tensor> outs;
     for (int64_t role = 0; role < 4; ++role) {
       const auto i = static_cast<size_t>(role * n + k);

@@ -1,6 +1,8 @@
 #include "kernels/cuda/optim.h"
 
 #include <algorithm>
+#include <array>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -65,6 +67,56 @@ extern "C" __global__ void NAME(const SgdParams group, double lr_, double moment
 )",
                                 {DType::f32, DType::f64});
 
+// AdamW: parameter k's factors come from its own step count, in f64 on the host as the CPU
+// kernel computes them (adamw_factors), and are cast to T in the kernel as there; the
+// elementwise work is adamw_range's, operation for operation (std::max(a, b) is
+// a < b ? b : a).
+struct AdamParam {
+  void *p_out, *m_out, *v_out, *vmax_out;  // vmax_out null without amsgrad
+  const void *p, *g, *m, *v, *vmax;
+  long long n, start;
+  double decay, one_minus_b1, b2, one_minus_b2, step_size, correction2_sqrt, eps;
+};
+struct AdamParams {
+  AdamParam param[kAdamGroup];
+};
+
+const KernelFamily kAdamMulti("adamw_multi", R"(
+typedef SCALAR T;
+struct AdamParam {
+  T *p_out, *m_out, *v_out, *vmax_out;
+  const T *p, *g, *m, *v, *vmax;
+  long long n, start;
+  double decay, one_minus_b1, b2, one_minus_b2, step_size, correction2_sqrt, eps;
+};
+struct AdamParams {
+  AdamParam param[)" + std::to_string(kAdamGroup) + R"(];
+};
+extern "C" __global__ void NAME(const AdamParams group, long long total, int maximize) {
+  const long long stride = (long long)gridDim.x * blockDim.x;
+  int k = 0;
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
+    while (i >= group.param[k].start + group.param[k].n) ++k;
+    const AdamParam& q = group.param[k];
+    const long long j = i - q.start;
+    const T grad = maximize ? -q.g[j] : q.g[j];
+    const T param = q.p[j] * (T)q.decay;
+    const T m = q.m[j] + (T)q.one_minus_b1 * (grad - q.m[j]);
+    const T v = q.v[j] * (T)q.b2 + (T)q.one_minus_b2 * grad * grad;
+    q.m_out[j] = m;
+    q.v_out[j] = v;
+    T second = v;
+    if (q.vmax_out) {
+      second = q.vmax[j] < v ? v : q.vmax[j];
+      q.vmax_out[j] = second;
+    }
+    const T denom = sqrt(second) / (T)q.correction2_sqrt + (T)q.eps;
+    q.p_out[j] = param - (T)q.step_size * (m / denom);
+  }
+}
+)",
+                                 {DType::f32, DType::f64});
+
 // Whether t's elements lie in `like`'s memory order: the same dtype, device and shape, the
 // same strides on every dim of size above 1, and `like` dense (contiguous or
 // channels_last), so that one flat index walks both alike.
@@ -115,6 +167,64 @@ std::vector<int64_t> sgd_update_multi_tensor(std::span<const Tensor> in, std::sp
     const long long threads = std::min<long long>(total, 65536LL * KernelFamily::kBlock);
     kSgdMulti.launch(dt, in[0].device().index, threads, group, lr, momentum, dampening, weight_decay, total, maximize,
                      nesterov, first);
+  }
+  return rest;
+}
+
+std::vector<int64_t> adamw_update_multi_tensor(std::span<const Tensor> in, const std::array<std::span<const Tensor>, 4>& out,
+                                               const Attrs& attrs) {
+  const auto n = static_cast<int64_t>(out[0].size());
+  const auto at = [&](int64_t role, int64_t k) -> const Tensor& { return in[static_cast<size_t>(role * n + k)]; };
+  const bool amsgrad = at(4, 0).defined();
+  const DType dt = in[0].dtype();
+  const size_t h = static_cast<size_t>(6 * n);
+  const double lr = in[h].item<double>(), beta1 = in[h + 1].item<double>(), beta2 = in[h + 2].item<double>(),
+               eps = in[h + 3].item<double>(), weight_decay = in[h + 4].item<double>();
+  std::vector<int64_t> fast, rest;
+  for (int64_t k = 0; k < n; ++k) {
+    const auto s = static_cast<size_t>(k);
+    const Tensor& p = at(0, k);
+    bool ok = (dt == DType::f32 || dt == DType::f64) && p.dtype() == dt && p.device() == in[0].device() &&
+              dense_like(p, p);
+    for (int64_t role : {1, 2, 3}) ok = ok && dense_like(at(role, k), p);
+    for (int64_t role : {0, 1, 2}) ok = ok && dense_like(out[static_cast<size_t>(role)][s], p);
+    if (amsgrad) ok = ok && dense_like(at(4, k), p) && dense_like(out[3][s], p);
+    (ok ? fast : rest).push_back(k);
+  }
+  const int maximize = attrs.b("maximize");
+  for (size_t begin = 0; begin < fast.size(); begin += kAdamGroup) {
+    AdamParams group{};
+    long long total = 0;
+    const size_t end = std::min(fast.size(), begin + kAdamGroup);
+    for (size_t e = begin; e < end; ++e) {
+      const int64_t k = fast[e];
+      const auto s = static_cast<size_t>(k);
+      AdamParam& q = group.param[e - begin];
+      q.p_out = out[0][s].data_ptr();
+      q.m_out = out[1][s].data_ptr();
+      q.v_out = out[2][s].data_ptr();
+      q.vmax_out = amsgrad ? out[3][s].data_ptr() : nullptr;
+      q.p = at(0, k).data_ptr();
+      q.g = at(1, k).data_ptr();
+      q.m = at(2, k).data_ptr();
+      q.v = at(3, k).data_ptr();
+      q.vmax = amsgrad ? at(4, k).data_ptr() : nullptr;
+      q.n = at(0, k).numel();
+      q.start = total;
+      total += q.n;
+      // The CPU kernel's factors (kernels/cpu/optim_ops.cpp, adamw_factors), in f64.
+      const double step = at(5, k).item<double>();
+      q.decay = 1.0 - lr * weight_decay;
+      q.one_minus_b1 = 1.0 - beta1;
+      q.b2 = beta2;
+      q.one_minus_b2 = 1.0 - beta2;
+      q.step_size = lr / (1.0 - std::pow(beta1, step));
+      q.correction2_sqrt = std::sqrt(1.0 - std::pow(beta2, step));
+      q.eps = eps;
+    }
+    if (total == 0) continue;
+    const long long threads = std::min<long long>(total, 65536LL * KernelFamily::kBlock);
+    kAdamMulti.launch(dt, in[0].device().index, threads, group, total, maximize);
   }
   return rest;
 }

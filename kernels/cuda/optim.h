@@ -1,7 +1,9 @@
 #pragma once
-// The multi-tensor SGD update on CUDA: a group's parameters in a few launches, up to
-// kSgdGroup parameters each, instead of one launch per parameter (compiler/eager_cuda.cpp
-// runs sgd_update_multi{,_} through it). No CUDA header here.
+// The multi-tensor optimizer updates on CUDA: a group's parameters in a few launches, up to
+// kSgdGroup (kAdamGroup) parameters each, instead of one launch per parameter
+// (compiler/eager_cuda.cpp runs sgd_update_multi{,_} and adamw_update_multi{,_} through
+// them). No CUDA header here.
+#include <array>
 #include <span>
 #include <vector>
 
@@ -11,6 +13,7 @@
 namespace kiln::cuda {
 
 inline constexpr int kSgdGroup = 24;
+inline constexpr int kAdamGroup = 16;
 
 // sgd_update_multi's inputs (param x N, grad x N, momentum_buffer x N?, lr, momentum,
 // dampening, weight_decay: host 0-d tensors) and where parameter k's results go (p_out[k],
@@ -21,5 +24,12 @@ inline constexpr int kSgdGroup = 24;
 // the others, which the caller runs through the single-parameter kernels.
 std::vector<int64_t> sgd_update_multi_tensor(std::span<const Tensor> in, std::span<const Tensor> p_out,
                                              std::span<const Tensor> buf_out, const Attrs& attrs);
+
+// The same for adamw_update_multi's inputs (param x N, grad x N, exp_avg x N, exp_avg_sq x
+// N, max_exp_avg_sq x N?, step x N, lr, beta1, beta2, eps, weight_decay) into out = (new
+// params, new exp_avgs, new exp_avg_sqs, new max_exp_avg_sqs: empty without amsgrad), up
+// to kAdamGroup parameters a launch, each with the factors of its own step count.
+std::vector<int64_t> adamw_update_multi_tensor(std::span<const Tensor> in, const std::array<std::span<const Tensor>, 4>& out,
+                                               const Attrs& attrs);
 
 }  // namespace kiln::cuda

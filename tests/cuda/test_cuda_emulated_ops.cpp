@@ -303,3 +303,58 @@ TEST_CASE("cuda emulated ops: the multi-tensor SGD update equals the CPU's, 24 p
   KILN_CHECK_EQUAL(outs[2], rc.param);
   KILN_CHECK_EQUAL(outs[1], full({4, 3, 2, 2}, 7.0));
 }
+
+TEST_CASE("cuda emulated ops: the multi-tensor AdamW update equals the CPU's, 16 parameters a launch",
+          "[cuda_emulated]") {
+  TempCache cache;
+  manual_seed(11);
+  // 20 parameters (two launches), one empty, each with its own step count; f32 and f64.
+  for (DType dt : {DType::f32, DType::f64}) {
+    INFO("dtype " << name(dt));
+    std::vector<Tensor> params, grads;
+    std::vector<AdamWState> states;
+    for (int64_t k = 0; k < 20; ++k) {
+      const Shape shape = k == 7 ? Shape{0} : Shape{k + 2, 3};
+      params.push_back(randn(shape).to(dt));
+      grads.push_back(randn(shape).to(dt));
+      states.push_back({mul(randn(shape), 0.1).to(dt), mul(rand_like(zeros(shape)), 0.01).to(dt),
+                        mul(rand_like(zeros(shape)), 0.02).to(dt), full({}, static_cast<double>(k % 5 + 1))});
+    }
+    std::vector<AdamWState> plain = states;
+    for (AdamWState& s : plain) s.max_exp_avg_sq = Tensor();
+    const AdamWHyper hyper{full({}, 1e-3), full({}, 0.9), full({}, 0.999), full({}, 1e-8), full({}, 0.01)};
+    check_cuda_kernels({"adamw_update_multi"}, 0, [&] {
+      adamw_update_multi(params, grads, plain, hyper, {});
+      adamw_update_multi(params, grads, states, hyper, {.amsgrad = true, .maximize = true});
+    });
+    // The in-place form through its CUDA kernel function, against the CPU op.
+    auto copy = [](const std::vector<AdamWState>& from) {
+      std::vector<AdamWState> to;
+      for (const AdamWState& s : from) to.push_back({s.exp_avg.clone(), s.exp_avg_sq.clone(), s.max_exp_avg_sq.clone(), s.step});
+      return to;
+    };
+    std::vector<Tensor> cpu_p, emu_p;
+    for (const Tensor& p : params) {
+      cpu_p.push_back(p.clone());
+      emu_p.push_back(p.clone());
+    }
+    const std::vector<AdamWState> cpu_s = copy(states), emu_s = copy(states);
+    adamw_update_multi_(cpu_p, grads, cpu_s, hyper, {.amsgrad = true});
+    std::vector<Tensor> in = emu_p;
+    in.insert(in.end(), grads.begin(), grads.end());
+    for (auto member : {&AdamWState::exp_avg, &AdamWState::exp_avg_sq, &AdamWState::max_exp_avg_sq, &AdamWState::step})
+      for (const AdamWState& s : emu_s) in.push_back(s.*member);
+    in.insert(in.end(), {hyper.lr, hyper.beta1, hyper.beta2, hyper.eps, hyper.weight_decay});
+    {
+      EmulatedHandKernels emulated;
+      find_op("adamw_update_multi_").kernels[static_cast<size_t>(DeviceType::cuda)](
+          in, {}, Attrs{{"count", static_cast<int64_t>(params.size())}, {"amsgrad", true}, {"maximize", false}});
+    }
+    for (size_t k = 0; k < params.size(); ++k) {
+      KILN_CHECK_EQUAL(emu_p[k], cpu_p[k]);
+      KILN_CHECK_EQUAL(emu_s[k].exp_avg, cpu_s[k].exp_avg);
+      KILN_CHECK_EQUAL(emu_s[k].exp_avg_sq, cpu_s[k].exp_avg_sq);
+      KILN_CHECK_EQUAL(emu_s[k].max_exp_avg_sq, cpu_s[k].max_exp_avg_sq);
+    }
+  }
+}
