@@ -24,6 +24,8 @@ struct SgdParam {
 struct SgdParams {
   SgdParam param[kSgdGroup];
 };
+// The device structs below declare the same fields; a launch's arguments stay under 4 KB.
+static_assert(sizeof(SgdParam) == 56 && sizeof(SgdParams) + 64 <= 4096);
 
 // The hyperparameters come as f64 arguments (the op's hyperparameters are host tensors).
 // The order of the operations and the casts of the hyperparameters are the CPU kernel's
@@ -80,6 +82,7 @@ struct AdamParam {
 struct AdamParams {
   AdamParam param[kAdamGroup];
 };
+static_assert(sizeof(AdamParam) == 144 && sizeof(AdamParams) + 64 <= 4096);
 
 const KernelFamily kAdamMulti("adamw_multi", R"(
 typedef SCALAR T;
