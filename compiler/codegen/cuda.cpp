@@ -79,22 +79,20 @@ class CudaRenderer : KernelRenderer {
     std::vector<std::string> names;
     for (int32_t d = begin; d < end; ++d) names.push_back(fmt::format("i{}", d));
     line(depth, fmt::format("long long {};", fmt::join(names, ", ")));
+    // The divisions in `type`, each size converted by `size` ("{}": n<d>).
+    auto divide = [&](const std::string& type, const std::string& rest, const char* size) {
+      line(depth + 1, fmt::format("{} {} = {};", type, rest, type == "long long" ? linear : convert(type, linear)));
+      for (int32_t d = end - 1; d > begin; --d) {
+        const std::string n = fmt::format(fmt::runtime(size), fmt::format("n{}", d));
+        line(depth + 1, fmt::format("i{} = {} % {};", d, rest, n));
+        line(depth + 1, fmt::format("{} /= {};", rest, n));
+      }
+      line(depth + 1, fmt::format("i{} = {};", begin, rest));
+    };
     line(depth, fmt::format("if ({} <= 0xffffffffLL) {{", bound));
-    const std::string narrow = linear + "_rest32";
-    line(depth + 1, fmt::format("unsigned int {} = static_cast<unsigned int>({});", narrow, linear));
-    for (int32_t d = end - 1; d > begin; --d) {
-      line(depth + 1, fmt::format("i{} = {} % static_cast<unsigned int>(n{});", d, narrow, d));
-      line(depth + 1, fmt::format("{} /= static_cast<unsigned int>(n{});", narrow, d));
-    }
-    line(depth + 1, fmt::format("i{} = {};", begin, narrow));
+    divide("unsigned int", linear + "_rest32", "static_cast<unsigned int>({})");
     line(depth, "} else {");
-    const std::string rest = linear + "_rest";
-    line(depth + 1, fmt::format("long long {} = {};", rest, linear));
-    for (int32_t d = end - 1; d > begin; --d) {
-      line(depth + 1, fmt::format("i{} = {} % n{};", d, rest, d));
-      line(depth + 1, fmt::format("{} /= n{};", rest, d));
-    }
-    line(depth + 1, fmt::format("i{} = {};", begin, rest));
+    divide("long long", linear + "_rest", "{}");
     line(depth, "}");
   }
 

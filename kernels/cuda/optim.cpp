@@ -4,6 +4,8 @@
 #include <array>
 #include <cmath>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "kernels/cuda/hand_kernels.h"
@@ -130,47 +132,73 @@ bool dense_like(const Tensor& t, const Tensor& like) {
   return like.is_contiguous() || like.is_contiguous(MemoryFormat::channels_last);
 }
 
+// Splits parameters 0..n-1 into those the kernels take and the rest: f32 or f64 of
+// `first`'s dtype and device, with every tensor `tensors(k)` gives (the parameter first)
+// in the parameter's dense memory order.
+template <class Tensors>
+std::pair<std::vector<int64_t>, std::vector<int64_t>> split_params(int64_t n, const Tensor& first, Tensors tensors) {
+  const DType dt = first.dtype();
+  std::vector<int64_t> fast, rest;
+  for (int64_t k = 0; k < n; ++k) {
+    const std::vector<Tensor> t = tensors(k);
+    const Tensor& p = t[0];
+    bool ok = (dt == DType::f32 || dt == DType::f64) && p.dtype() == dt && p.device() == first.device();
+    for (const Tensor& x : t) ok = ok && dense_like(x, p);
+    (ok ? fast : rest).push_back(k);
+  }
+  return {fast, rest};
+}
+
+// Runs `params` in launches of as many as a Group's table holds: fill(entry, k) sets
+// parameter k's pointers (and whatever else it carries) and returns its element count;
+// launch(group, total, threads) queues the kernel over the group's `total` elements.
+template <class Group, class Fill, class Launch>
+void for_each_group(const std::vector<int64_t>& params, Fill fill, Launch launch) {
+  constexpr size_t size = std::extent_v<decltype(Group::param)>;
+  for (size_t begin = 0; begin < params.size(); begin += size) {
+    Group group{};
+    long long total = 0;
+    for (size_t e = begin; e < std::min(params.size(), begin + size); ++e) {
+      auto& q = group.param[e - begin];
+      q.n = fill(q, params[e]);
+      q.start = total;
+      total += q.n;
+    }
+    if (total > 0) launch(group, total, std::min<long long>(total, 65536LL * KernelFamily::kBlock));
+  }
+}
+
 }  // namespace
 
 std::vector<int64_t> sgd_update_multi_tensor(std::span<const Tensor> in, std::span<const Tensor> p_out,
                                              std::span<const Tensor> buf_out, const Attrs& attrs) {
   const auto n = static_cast<int64_t>(p_out.size());
-  const bool has_buf = in[static_cast<size_t>(2 * n)].defined();
-  const DType dt = in[0].dtype();
-  std::vector<int64_t> fast, rest;
-  for (int64_t k = 0; k < n; ++k) {
-    const auto s = static_cast<size_t>(k);
-    const Tensor& p = in[s];
-    bool ok = (dt == DType::f32 || dt == DType::f64) && p.dtype() == dt && p.device() == in[0].device() &&
-              dense_like(p, p) && dense_like(in[static_cast<size_t>(n) + s], p) && dense_like(p_out[s], p);
-    if (has_buf) ok = ok && dense_like(in[static_cast<size_t>(2 * n) + s], p) && dense_like(buf_out[s], p);
-    (ok ? fast : rest).push_back(k);
-  }
+  const auto at = [&](int64_t role, int64_t k) -> const Tensor& { return in[static_cast<size_t>(role * n + k)]; };
+  const bool has_buf = at(2, 0).defined();
+  const auto [fast, rest] = split_params(n, in[0], [&](int64_t k) {
+    std::vector<Tensor> t = {at(0, k), at(1, k), p_out[static_cast<size_t>(k)]};
+    if (has_buf) t.insert(t.end(), {at(2, k), buf_out[static_cast<size_t>(k)]});
+    return t;
+  });
   const size_t h = static_cast<size_t>(3 * n);
   const double lr = in[h].item<double>(), momentum = in[h + 1].item<double>(), dampening = in[h + 2].item<double>(),
                weight_decay = in[h + 3].item<double>();
   const int maximize = attrs.b("maximize"), nesterov = attrs.b("nesterov"), first = attrs.b("first");
-  for (size_t begin = 0; begin < fast.size(); begin += kSgdGroup) {
-    SgdParams group{};
-    long long total = 0;
-    const size_t end = std::min(fast.size(), begin + kSgdGroup);
-    for (size_t e = begin; e < end; ++e) {
-      const auto s = static_cast<size_t>(fast[e]);
-      SgdParam& q = group.param[e - begin];
-      q.p_out = p_out[s].data_ptr();
-      q.buf_out = has_buf ? buf_out[s].data_ptr() : nullptr;
-      q.p = in[s].data_ptr();
-      q.g = in[static_cast<size_t>(n) + s].data_ptr();
-      q.buf = has_buf ? in[static_cast<size_t>(2 * n) + s].data_ptr() : nullptr;
-      q.n = in[s].numel();
-      q.start = total;
-      total += q.n;
-    }
-    if (total == 0) continue;
-    const long long threads = std::min<long long>(total, 65536LL * KernelFamily::kBlock);
-    kSgdMulti.launch(dt, in[0].device().index, threads, group, lr, momentum, dampening, weight_decay, total, maximize,
-                     nesterov, first);
-  }
+  for_each_group<SgdParams>(
+      fast,
+      [&](SgdParam& q, int64_t k) {
+        const auto s = static_cast<size_t>(k);
+        q.p_out = p_out[s].data_ptr();
+        q.buf_out = has_buf ? buf_out[s].data_ptr() : nullptr;
+        q.p = at(0, k).data_ptr();
+        q.g = at(1, k).data_ptr();
+        q.buf = has_buf ? at(2, k).data_ptr() : nullptr;
+        return at(0, k).numel();
+      },
+      [&](const SgdParams& group, long long total, long long threads) {
+        kSgdMulti.launch(in[0].dtype(), in[0].device().index, threads, group, lr, momentum, dampening, weight_decay,
+                         total, maximize, nesterov, first);
+      });
   return rest;
 }
 
@@ -179,56 +207,43 @@ std::vector<int64_t> adamw_update_multi_tensor(std::span<const Tensor> in, const
   const auto n = static_cast<int64_t>(out[0].size());
   const auto at = [&](int64_t role, int64_t k) -> const Tensor& { return in[static_cast<size_t>(role * n + k)]; };
   const bool amsgrad = at(4, 0).defined();
-  const DType dt = in[0].dtype();
+  const auto [fast, rest] = split_params(n, in[0], [&](int64_t k) {
+    const auto s = static_cast<size_t>(k);
+    std::vector<Tensor> t = {at(0, k), at(1, k), at(2, k), at(3, k), out[0][s], out[1][s], out[2][s]};
+    if (amsgrad) t.insert(t.end(), {at(4, k), out[3][s]});
+    return t;
+  });
   const size_t h = static_cast<size_t>(6 * n);
   const double lr = in[h].item<double>(), beta1 = in[h + 1].item<double>(), beta2 = in[h + 2].item<double>(),
                eps = in[h + 3].item<double>(), weight_decay = in[h + 4].item<double>();
-  std::vector<int64_t> fast, rest;
-  for (int64_t k = 0; k < n; ++k) {
-    const auto s = static_cast<size_t>(k);
-    const Tensor& p = at(0, k);
-    bool ok = (dt == DType::f32 || dt == DType::f64) && p.dtype() == dt && p.device() == in[0].device() &&
-              dense_like(p, p);
-    for (int64_t role : {1, 2, 3}) ok = ok && dense_like(at(role, k), p);
-    for (int64_t role : {0, 1, 2}) ok = ok && dense_like(out[static_cast<size_t>(role)][s], p);
-    if (amsgrad) ok = ok && dense_like(at(4, k), p) && dense_like(out[3][s], p);
-    (ok ? fast : rest).push_back(k);
-  }
   const int maximize = attrs.b("maximize");
-  for (size_t begin = 0; begin < fast.size(); begin += kAdamGroup) {
-    AdamParams group{};
-    long long total = 0;
-    const size_t end = std::min(fast.size(), begin + kAdamGroup);
-    for (size_t e = begin; e < end; ++e) {
-      const int64_t k = fast[e];
-      const auto s = static_cast<size_t>(k);
-      AdamParam& q = group.param[e - begin];
-      q.p_out = out[0][s].data_ptr();
-      q.m_out = out[1][s].data_ptr();
-      q.v_out = out[2][s].data_ptr();
-      q.vmax_out = amsgrad ? out[3][s].data_ptr() : nullptr;
-      q.p = at(0, k).data_ptr();
-      q.g = at(1, k).data_ptr();
-      q.m = at(2, k).data_ptr();
-      q.v = at(3, k).data_ptr();
-      q.vmax = amsgrad ? at(4, k).data_ptr() : nullptr;
-      q.n = at(0, k).numel();
-      q.start = total;
-      total += q.n;
-      // The CPU kernel's factors (kernels/cpu/optim_ops.cpp, adamw_factors), in f64.
-      const double step = at(5, k).item<double>();
-      q.decay = 1.0 - lr * weight_decay;
-      q.one_minus_b1 = 1.0 - beta1;
-      q.b2 = beta2;
-      q.one_minus_b2 = 1.0 - beta2;
-      q.step_size = lr / (1.0 - std::pow(beta1, step));
-      q.correction2_sqrt = std::sqrt(1.0 - std::pow(beta2, step));
-      q.eps = eps;
-    }
-    if (total == 0) continue;
-    const long long threads = std::min<long long>(total, 65536LL * KernelFamily::kBlock);
-    kAdamMulti.launch(dt, in[0].device().index, threads, group, total, maximize);
-  }
+  for_each_group<AdamParams>(
+      fast,
+      [&](AdamParam& q, int64_t k) {
+        const auto s = static_cast<size_t>(k);
+        q.p_out = out[0][s].data_ptr();
+        q.m_out = out[1][s].data_ptr();
+        q.v_out = out[2][s].data_ptr();
+        q.vmax_out = amsgrad ? out[3][s].data_ptr() : nullptr;
+        q.p = at(0, k).data_ptr();
+        q.g = at(1, k).data_ptr();
+        q.m = at(2, k).data_ptr();
+        q.v = at(3, k).data_ptr();
+        q.vmax = amsgrad ? at(4, k).data_ptr() : nullptr;
+        // The CPU kernel's factors (kernels/cpu/optim_ops.cpp, adamw_factors), in f64.
+        const double step = at(5, k).item<double>();
+        q.decay = 1.0 - lr * weight_decay;
+        q.one_minus_b1 = 1.0 - beta1;
+        q.b2 = beta2;
+        q.one_minus_b2 = 1.0 - beta2;
+        q.step_size = lr / (1.0 - std::pow(beta1, step));
+        q.correction2_sqrt = std::sqrt(1.0 - std::pow(beta2, step));
+        q.eps = eps;
+        return at(0, k).numel();
+      },
+      [&](const AdamParams& group, long long total, long long threads) {
+        kAdamMulti.launch(in[0].dtype(), in[0].device().index, threads, group, total, maximize);
+      });
   return rest;
 }
 

@@ -147,19 +147,7 @@ TEST_CASE("cuda codegen: every kernel of a ResNet-50 training step compiles for 
           "[nvrtc][cuda_codegen]") {
   TempCache cache;
   cuda::clear_cuda_memory_cache();
-  manual_seed(0);
-  const models::ResNetOptions options{.num_classes = 10, .zero_init_residual = true};
-  auto model = std::make_shared<models::ResNet>(models::resnet50(options));
-  model->train(true);
-  const Tensor x = randn({2, 3, 32, 32});
-  const Tensor y = randint(0, 10, {2});
-  auto step = [&](const std::vector<Tensor>& a) -> std::vector<Tensor> {
-    Tensor loss = cross_entropy((*model)(a[0]), a[1]);
-    loss.backward();
-    return {loss};
-  };
-  const Trace t = trace(step, {x, y}, module_names(*model));
-  const Graph g = run_pipeline(t.graph, default_compile_passes());
+  const Graph g = kiln::testing::resnet50_step_graph();
   std::vector<Kernel> kernels;
   std::map<std::string, int> kinds;
   for (const FusionGroup& group : fuse(g)) {

@@ -244,19 +244,7 @@ TEST_CASE("cuda emulated: reductions combine through shuffles and shared memory 
 TEST_CASE("cuda emulated: every pointwise kernel of a ResNet-50 training step equals its C++ kernel",
           "[cuda_emulated]") {
   TempCache cache;
-  manual_seed(0);
-  const models::ResNetOptions options{.num_classes = 10, .zero_init_residual = true};
-  auto model = std::make_shared<models::ResNet>(models::resnet50(options));
-  model->train(true);
-  const Tensor x = randn({2, 3, 32, 32});
-  const Tensor y = randint(0, 10, {2});
-  auto step = [&](const std::vector<Tensor>& a) -> std::vector<Tensor> {
-    Tensor loss = cross_entropy((*model)(a[0]), a[1]);
-    loss.backward();
-    return {loss};
-  };
-  const Trace t = trace(step, {x, y}, module_names(*model));
-  const Graph g = run_pipeline(t.graph, default_compile_passes());
+  const Graph g = kiln::testing::resnet50_step_graph();
   // One kernel per distinct source; the first group of each is run.
   std::map<std::string, const Kernel*> first;
   std::vector<FusionGroup> groups = fuse(g);
@@ -284,13 +272,7 @@ TEST_CASE("cuda emulated: every kernel of an MLP training step equals its C++ ke
   auto model = std::make_shared<models::MLP>(std::vector<int64_t>{48, 40, 24, 10});
   const Tensor x = randn({3, 48});
   const Tensor y = randint(0, 10, {3});
-  auto step = [&](const std::vector<Tensor>& a) -> std::vector<Tensor> {
-    Tensor loss = cross_entropy((*model)(a[0]), a[1]);
-    loss.backward();
-    return {loss};
-  };
-  const Trace t = trace(step, {x, y}, module_names(*model));
-  const Graph g = run_pipeline(t.graph, default_compile_passes());
+  const Graph g = kiln::testing::training_step_graph(*model, x, y);
   const std::vector<FusionGroup> groups = fuse(g);
   std::vector<const Kernel*> kernels;
   for (const FusionGroup& group : groups)
