@@ -4,7 +4,7 @@ BUILD_TYPE ?= Release
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build test train bench parity gpu-deps gpu-check clean
+.PHONY: all deps configure build test train bench parity fuzz gpu-deps gpu-check clean
 
 all: build
 
@@ -47,6 +47,15 @@ parity: build
 	  { [ "$$(id -u)" -eq 0 ] && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-torch python3-torchvision; } || \
 	  { echo "kiln: parity needs python3-torch and python3-torchvision (apt-get install them)"; exit 1; }
 	cd $(BUILD) && ctest -R parity --output-on-failure
+
+# The libFuzzer targets of the file readers (tests/fuzz), each run for FUZZ_SECONDS, one
+# after another (`make test` runs each for 3 s); FUZZ_TARGETS picks some of json,
+# safetensors, ir, idx, jpeg. Needs clang-14 and libclang-rt-14-dev. Crashing inputs go to
+# $(BUILD)/tests/fuzz/targets/artifacts/.
+FUZZ_SECONDS ?= 600
+FUZZ_TARGETS ?=
+fuzz: build
+	tests/fuzz/run.sh $(BUILD)/tests/fuzz/targets $(FUZZ_SECONDS) $(FUZZ_TARGETS)
 
 # The GPU check (README, "GPU check"): gpu-deps copies the Debian dependencies a bare GPU
 # machine lacks into .gpu-deps/ (carried there with the working tree); gpu-check, run on

@@ -18,7 +18,8 @@ class Scalar {
   Scalar(T v) : kind_(DType::i64), i_(static_cast<int64_t>(v)), d_(static_cast<double>(v)) {}
   template <class T>
     requires std::is_floating_point_v<T>
-  Scalar(T v) : kind_(DType::f64), i_(static_cast<int64_t>(v)), d_(static_cast<double>(v)) {}
+  Scalar(T v)
+      : kind_(DType::f64), i_(truncated(static_cast<double>(v))), d_(static_cast<double>(v)) {}
   Scalar(Half v) : Scalar(static_cast<float>(v)) {}
   Scalar(BFloat16 v) : Scalar(static_cast<float>(v)) {}
 
@@ -51,6 +52,13 @@ class Scalar {
   }
 
  private:
+  // The integer part of v, or 0 where an int64 cannot hold it (inf, NaN, |v| >= 2^63): a
+  // plain cast would be undefined behaviour there (the IR fuzzer found `{beta=$-inf}`), and
+  // to<T>() refuses those values anyway.
+  static int64_t truncated(double v) {
+    return v >= -0x1p63 && v < 0x1p63 ? static_cast<int64_t>(v) : 0;
+  }
+
   DType kind_;
   int64_t i_;
   double d_;

@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "core/ops/factory.h"
+#include "core/regular_file.h"
 #include "data/datasets.h"
 
 namespace kiln::data {
@@ -22,12 +23,17 @@ constexpr float kStd = 0.3530f;
 constexpr uint32_t kImagesMagic = 2051;  // IDX: unsigned bytes, 3 dimensions
 constexpr uint32_t kLabelsMagic = 2049;  // IDX: unsigned bytes, 1 dimension
 
-// An IDX file opened through zlib, which reads gzip-compressed and plain files alike.
+// An IDX file opened through zlib, which reads gzip-compressed and plain files alike. The
+// file is opened as a regular file first (core/regular_file.h), so a FIFO or a device at the
+// path is refused instead of blocking, and handed to zlib as a descriptor.
 class IdxFile {
  public:
-  explicit IdxFile(const fs::path& path)
-      : path_(path), file_(gzopen(path.c_str(), "rb"), &gzclose) {
-    if (!file_) fail("fashion-mnist: cannot open {}", path_.string());
+  explicit IdxFile(const fs::path& path) : path_(path), file_(nullptr, &gzclose) {
+    RegularFile regular(path, "fashion-mnist");
+    size_ = regular.size();
+    file_.reset(gzdopen(regular.fd(), "rb"));
+    if (!file_) fail("fashion-mnist: cannot open {}: out of memory for zlib", path_.string());
+    regular.release();  // gzclose closes it now
   }
 
   // Reads exactly `bytes` bytes into `out`; a short file is an error naming it. `offset` and
@@ -43,16 +49,20 @@ class IdxFile {
         fail("fashion-mnist: {}: reading {} failed: {}", path_.string(), what,
              gzerror(file_.get(), &code));
       }
-      if (got == 0)
-        fail("fashion-mnist: {} is truncated: it ends {} bytes into {} ({} bytes)", path_.string(),
-             offset + done, what, total == 0 ? bytes : total);
+      if (got == 0) truncated(offset + done, what, total == 0 ? bytes : total);
       done += static_cast<uint64_t>(got);
     }
   }
 
-  // Reads `bytes` bytes into `out` in chunks, so that a corrupt header claiming a huge count
-  // fails as a truncated file rather than as a huge allocation.
+  // Reads `bytes` bytes into `out`. A plain file too short for them is refused before
+  // anything is allocated; a compressed one is read in chunks, so that a corrupt header
+  // claiming a huge count fails as a truncated file rather than as a huge allocation.
   void read_all(std::vector<uint8_t>& out, uint64_t bytes, const char* what) {
+    const auto position = static_cast<int64_t>(gztell(file_.get()));
+    if (gzdirect(file_.get()) && position >= 0) {
+      const auto left = static_cast<uint64_t>(std::max<int64_t>(0, size_ - position));
+      if (bytes > left) truncated(left, what, bytes);
+    }
     constexpr uint64_t kChunk = uint64_t{1} << 24;
     out.clear();
     while (out.size() < bytes) {
@@ -71,18 +81,25 @@ class IdxFile {
   const fs::path& path() const { return path_; }
 
  private:
+  [[noreturn]] void truncated(uint64_t at, const char* what, uint64_t total) const {
+    fail("fashion-mnist: {} is truncated: it ends {} bytes into {} ({} bytes)", path_.string(), at,
+         what, total);
+  }
+
   fs::path path_;
+  int64_t size_ = 0;  // of the file on disk (compressed or not)
   std::unique_ptr<gzFile_s, decltype(&gzclose)> file_;
 };
 
-// root/name, or root/name.gz when only the compressed file is there.
+// root/name, or root/name.gz when only the compressed file is there. Anything at the path
+// counts as there: IdxFile then refuses what is not a regular file, naming it.
 fs::path find_idx(const fs::path& root, const std::string& name) {
   std::error_code ec;
   const fs::path plain = root / name;
-  if (fs::is_regular_file(plain, ec)) return plain;
+  if (fs::exists(plain, ec)) return plain;
   fs::path gz = plain;
   gz += ".gz";
-  if (fs::is_regular_file(gz, ec)) return gz;
+  if (fs::exists(gz, ec)) return gz;
   fail(
       "fashion-mnist: {}(.gz) not found; install Debian's dataset-fashion-mnist package "
       "(apt-get install dataset-fashion-mnist)",

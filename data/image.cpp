@@ -16,13 +16,38 @@
 
 #include "core/error.h"
 #include "core/ops/factory.h"
+#include "core/regular_file.h"
 
 namespace kiln::data {
+
+namespace {
+
+std::atomic<int64_t> g_max_image_pixels{kDefaultMaxImagePixels};
+
+}  // namespace
+
+int64_t max_image_pixels() { return g_max_image_pixels.load(std::memory_order_relaxed); }
+
+void set_max_image_pixels(int64_t pixels) {
+  KILN_CHECK(pixels >= 1, "set_max_image_pixels: the limit {} must be at least 1", pixels);
+  g_max_image_pixels.store(pixels, std::memory_order_relaxed);
+}
+
+void check_image_size(int64_t height, int64_t width, std::string_view what) {
+  KILN_CHECK(height >= 0 && width >= 0, "{}: bad image size {}x{}", what, height, width);
+  const int64_t limit = max_image_pixels();
+  int64_t pixels = 0;
+  const bool overflow = __builtin_mul_overflow(height, width, &pixels);
+  if (overflow || pixels > limit)
+    fail("{}: a {}x{} image ({} pixels) is larger than the limit of {} pixels (data::set_max_image_pixels)", what,
+         height, width, overflow ? "too many" : std::to_string(pixels), limit);
+}
 
 Image::Image(int64_t height, int64_t width, int64_t channels)
     : height(height), width(width), channels(channels) {
   KILN_CHECK(height >= 0 && width >= 0 && (channels == 1 || channels == 3),
              "Image: bad size {}x{}x{} (channels must be 1 or 3)", height, width, channels);
+  check_image_size(height, width, "Image");
   pixels.assign(static_cast<size_t>(height * width * channels), 0);
 }
 
@@ -57,23 +82,28 @@ struct JpegErrorManager {
   std::longjmp(manager->jump, 1);
 }
 
-// Warnings would go to stderr; we stay quiet instead. A truncated file is only a warning
-// to libjpeg (it pads the data with an end marker and shows grey), but a truncated
-// training image is a broken one, so it becomes an error.
-void quiet_or_jump_on_truncation(j_common_ptr cinfo, int level) {
-  if (level < 0 && cinfo->err->msg_code == JWRN_JPEG_EOF) jump_on_error(cinfo);
+// libjpeg decodes past corrupt data with a warning (level -1): a truncated file is padded
+// with an end marker and shows grey, a bad Huffman code or a missing restart marker garbles
+// the rest of the image. A training image in that state is a broken one, so every warning
+// is an error, except the two about metadata that leave the pixels intact. Trace messages
+// (level >= 0) would go to stderr; we stay quiet instead.
+void quiet_or_jump_on_corruption(j_common_ptr cinfo, int level) {
+  if (level >= 0) return;
+  const int code = cinfo->err->msg_code;
+  if (code == JWRN_ADOBE_XFORM || code == JWRN_JFIF_MAJOR) return;
+  jump_on_error(cinfo);
 }
 
 void install_error_manager(JpegErrorManager& manager) {
   jpeg_std_error(&manager.base);
   manager.base.error_exit = jump_on_error;
-  manager.base.emit_message = quiet_or_jump_on_truncation;
+  manager.base.emit_message = quiet_or_jump_on_corruption;
   manager.message[0] = '\0';
 }
 
-// Images beyond this many bytes are refused before allocating (a corrupt header can claim
-// 65500 x 65500).
-constexpr uint64_t kMaxImageBytes = uint64_t{1} << 31;
+// read_jpeg refuses files beyond this size before reading them: far above any JPEG of
+// max_image_pixels() that a camera or an encoder writes.
+constexpr int64_t kMaxJpegFileBytes = int64_t{1} << 30;
 
 class JpegDecoder {
  public:
@@ -205,9 +235,8 @@ Image decode_jpeg(std::span<const uint8_t> bytes, const std::string& name) {
   const jpeg_decompress_struct& info = decoder.info();
   const int64_t height = info.output_height, width = info.output_width;
   const int64_t components = info.output_components;
-  KILN_CHECK(static_cast<uint64_t>(height * width * components) <= kMaxImageBytes,
-             "decode_jpeg: {}: a {}x{} image with {} channels is too large to decode", name, height, width,
-             components);
+  // Before jpeg_start_decompress, which allocates whole-image buffers for progressive files.
+  check_image_size(height, width, fmt::format("decode_jpeg: {}", name));
   if (components == 4) {
     std::vector<uint8_t> cmyk(static_cast<size_t>(height * width * 4));
     if (!decoder.read_pixels(cmyk.data()))
@@ -227,17 +256,8 @@ Image decode_jpeg(std::span<const uint8_t> bytes, const std::string& name) {
 }
 
 Image read_jpeg(const std::filesystem::path& path) {
-  std::FILE* file = std::fopen(path.c_str(), "rb");
-  if (file == nullptr) fail("read_jpeg: cannot open {}: {}", path.string(), errno_message(errno));
-  std::vector<uint8_t> bytes;
-  uint8_t chunk[65536];
-  size_t got;
-  while ((got = std::fread(chunk, 1, sizeof chunk, file)) > 0) bytes.insert(bytes.end(), chunk, chunk + got);
-  const bool failed = std::ferror(file) != 0;
-  const int error = errno;
-  std::fclose(file);
-  if (failed) fail("read_jpeg: cannot read {}: {}", path.string(), errno_message(error));
-  return decode_jpeg(bytes, path.string());
+  const std::string bytes = read_regular_file(path, "read_jpeg", kMaxJpegFileBytes);
+  return decode_jpeg(std::span(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()), path.string());
 }
 
 std::vector<uint8_t> encode_jpeg(const Image& image, int quality) {

@@ -40,9 +40,10 @@ std::vector<Tap> bilinear_taps(int64_t in, int64_t out) {
 }
 
 // Resizes the region [top, top + height) x [left, left + width) of `image` to out_height x
-// out_width, bilinearly.
-Image resize_region(const Image& image, int64_t top, int64_t left, int64_t height, int64_t width,
-                    int64_t out_height, int64_t out_width) {
+// out_width, bilinearly. An output above max_image_pixels() is an error naming `op`.
+Image resize_region(const char* op, const Image& image, int64_t top, int64_t left, int64_t height,
+                    int64_t width, int64_t out_height, int64_t out_width) {
+  check_image_size(out_height, out_width, op);
   const int64_t channels = image.channels;
   Image out(out_height, out_width, channels);
   if (height == out_height && width == out_width) {  // a plain crop
@@ -92,7 +93,7 @@ ImageTransform resize(int64_t height, int64_t width) {
   KILN_CHECK(height > 0 && width > 0, "resize: target size {}x{} must be positive", height, width);
   return [height, width](const Image& image, SampleRng&) {
     check_image(image, "resize");
-    return resize_region(image, 0, 0, image.height, image.width, height, width);
+    return resize_region("resize", image, 0, 0, image.height, image.width, height, width);
   };
 }
 
@@ -100,13 +101,19 @@ ImageTransform resize(int64_t size) {
   KILN_CHECK(size > 0, "resize: shorter side {} must be positive", size);
   return [size](const Image& image, SampleRng&) {
     check_image(image, "resize");
-    // The longer side is truncated, as torchvision does: int(size * long / short).
-    int64_t height = size, width = size;
-    if (image.height < image.width)
-      width = std::max<int64_t>(1, size * image.width / image.height);
-    else
-      height = std::max<int64_t>(1, size * image.height / image.width);
-    return resize_region(image, 0, 0, image.height, image.width, height, width);
+    // The longer side is truncated, as torchvision does: int(size * long / short). A long
+    // thin image gives a huge longer side (65500x1 to a shorter side of 512: 33.5 M pixels
+    // wide), which resize_region refuses against max_image_pixels().
+    const int64_t shorter = std::min(image.height, image.width), longer = std::max(image.height, image.width);
+    int64_t scaled = 0;
+    if (__builtin_mul_overflow(size, longer, &scaled))
+      fail("resize: a {}x{} image with its shorter side resized to {} has too many pixels (limit {}, "
+           "data::set_max_image_pixels)",
+           image.height, image.width, size, max_image_pixels());
+    const int64_t long_side = std::max<int64_t>(1, scaled / shorter);
+    const int64_t height = image.height < image.width ? size : long_side;
+    const int64_t width = image.height < image.width ? long_side : size;
+    return resize_region("resize", image, 0, 0, image.height, image.width, height, width);
   };
 }
 
@@ -114,6 +121,7 @@ ImageTransform center_crop(int64_t size) {
   KILN_CHECK(size > 0, "center_crop: size {} must be positive", size);
   return [size](const Image& image, SampleRng&) {
     check_image(image, "center_crop");
+    check_image_size(size, size, "center_crop");
     // Input row of output row 0: torchvision's int(round((h - size) / 2)) when the image is
     // larger, and -(size - h) // 2 (its left/top padding) when smaller.
     const auto origin = [size](int64_t extent) {
@@ -166,7 +174,7 @@ ImageTransform random_resized_crop(int64_t size, std::pair<double, double> scale
       if (crop_width > 0 && crop_width <= width && crop_height > 0 && crop_height <= height) {
         const auto top = static_cast<int64_t>(rng.below(static_cast<uint64_t>(height - crop_height + 1)));
         const auto left = static_cast<int64_t>(rng.below(static_cast<uint64_t>(width - crop_width + 1)));
-        return resize_region(image, top, left, crop_height, crop_width, size, size);
+        return resize_region("random_resized_crop", image, top, left, crop_height, crop_width, size, size);
       }
     }
     // Fallback: the largest central crop whose aspect ratio is within `ratio`.
@@ -176,8 +184,8 @@ ImageTransform random_resized_crop(int64_t size, std::pair<double, double> scale
       crop_height = std::clamp<int64_t>(std::lround(static_cast<double>(width) / ratio.first), 1, height);
     else if (in_ratio > ratio.second)
       crop_width = std::clamp<int64_t>(std::lround(static_cast<double>(height) * ratio.second), 1, width);
-    return resize_region(image, (height - crop_height) / 2, (width - crop_width) / 2, crop_height, crop_width, size,
-                         size);
+    return resize_region("random_resized_crop", image, (height - crop_height) / 2, (width - crop_width) / 2,
+                         crop_height, crop_width, size, size);
   };
 }
 

@@ -6,7 +6,9 @@
 //   data::Transforms eval{.steps = {data::resize(256), data::center_crop(224)},
 //                         .mean = data::kImageNetMean, .std = data::kImageNetStd};
 //
-// Random transforms draw from the sample's SampleRng only, so they are reproducible.
+// Random transforms draw from the sample's SampleRng only, so they are reproducible. Every
+// transform refuses, with a kiln::Error naming it and the sizes, to make an image larger
+// than max_image_pixels() (data/image.h).
 #include <functional>
 #include <utility>
 #include <vector>

@@ -5,7 +5,6 @@
 
 #include <fcntl.h>
 #include <fmt/ranges.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,8 +17,9 @@
 #include <vector>
 
 #include "core/error.h"
-#include "models/json.h"
 #include "core/grad_mode.h"
+#include "core/regular_file.h"
+#include "models/json.h"
 
 namespace kiln {
 namespace {
@@ -30,6 +30,9 @@ static_assert(std::endian::native == std::endian::little,
 static_assert(sizeof(bool) == 1, "BOOL tensors are stored as one byte per element");
 
 constexpr std::string_view kMetadataKey = "__metadata__";
+// The reference implementation's bound on the JSON header (100 MB): a larger one is refused
+// before it is read.
+constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 
 struct FormatDType {
   DType dtype;
@@ -216,20 +219,6 @@ class FileDescriptor {
   int fd_;
 };
 
-void read_exactly(int fd, void* destination, size_t nbytes, int64_t offset,
-                  const std::string& context) {
-  auto* out = static_cast<char*>(destination);
-  while (nbytes > 0) {
-    const ssize_t n = ::pread(fd, out, std::min<size_t>(nbytes, size_t{1} << 30), offset);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) fail("{}: read failed: {}", context, errno_message(errno));
-    if (n == 0) fail("{}: file ended early at byte {} (changed while reading?)", context, offset);
-    out += n;
-    nbytes -= static_cast<size_t>(n);
-    offset += n;
-  }
-}
-
 void write_all(int fd, const void* source, size_t nbytes, const std::string& context) {
   const auto* in = static_cast<const char*>(source);
   while (nbytes > 0) {
@@ -359,24 +348,24 @@ void save_safetensors(const StateDict& tensors, const std::string& path,
 
 SafetensorsContents load_safetensors_with_metadata(const std::string& path) {
   const std::string context = fmt::format("load_safetensors: '{}'", path);
-  FileDescriptor file(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (file.get() < 0) fail("{}: cannot open: {}", context, errno_message(errno));
-  struct stat info {};
-  if (::fstat(file.get(), &info) != 0) fail("{}: cannot stat: {}", context, errno_message(errno));
-  if (!S_ISREG(info.st_mode)) fail("{}: not a regular file", context);
-  const int64_t file_size = info.st_size;
+  // Refuses a FIFO or a device without blocking on it.
+  const RegularFile file(path, "load_safetensors");
+  const int64_t file_size = file.size();
   if (file_size < 8)
     fail("{}: file is {} bytes, too short for the 8-byte header length", context, file_size);
 
   uint64_t header_size = 0;
-  read_exactly(file.get(), &header_size, 8, 0, context);
+  file.read_at(&header_size, 8, 0);
   if (header_size > static_cast<uint64_t>(file_size - 8))
     fail(
         "{}: header length {} exceeds the {} bytes that follow it (truncated or not a "
         "safetensors file?)",
         context, header_size, file_size - 8);
+  if (header_size > kMaxHeaderBytes)
+    fail("{}: header length {} exceeds the format's limit of {} bytes", context, header_size,
+         kMaxHeaderBytes);
   std::string header_text(header_size, '\0');
-  read_exactly(file.get(), header_text.data(), header_text.size(), 8, context);
+  file.read_at(header_text.data(), header_text.size(), 8);
   const int64_t data_start = 8 + static_cast<int64_t>(header_size);
   Header header = parse_header(header_text, file_size - data_start, context);
 
@@ -384,8 +373,7 @@ SafetensorsContents load_safetensors_with_metadata(const std::string& path) {
   for (const TensorEntry& entry : header.entries) {
     Tensor tensor = make_tensor(entry.shape, entry.dtype);
     const auto nbytes = static_cast<size_t>(entry.end - entry.begin);
-    if (nbytes > 0)
-      read_exactly(file.get(), tensor.data_ptr(), nbytes, data_start + entry.begin, context);
+    if (nbytes > 0) file.read_at(tensor.data_ptr(), nbytes, data_start + entry.begin);
     if (entry.dtype == DType::boolean) {
       // Any byte but 0 or 1 is not a bool: reading it as one would be undefined behaviour.
       const auto* bytes = static_cast<const unsigned char*>(tensor.data_ptr());

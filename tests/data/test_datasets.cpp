@@ -6,6 +6,7 @@
 #include <fstream>
 #include <random>
 
+#include "core/fifo_testing.h"
 #include "data/datasets.h"
 #include "testing.h"
 
@@ -268,6 +269,33 @@ TEST_CASE("FashionMnist names the file for missing and corrupt data", "[loader]"
   write_file(labels, idx_bytes(2049, {kCount}, {1, 10, 2}), false);
   REQUIRE_THROWS_WITH(FashionMnist(dir.path, Split::train),
                       Catch::Contains("label 10 of sample 1 is not a class"));
+}
+
+TEST_CASE("FashionMnist refuses FIFOs and huge counts without blocking or allocating", "[loader]") {
+  TempDir dir;
+  const fs::path images = dir.path / "train-images-idx3-ubyte",
+                 labels = dir.path / "train-labels-idx1-ubyte";
+  {
+    // gzopen() of a FIFO with no writer used to block forever.
+    testing::Fifo fifo(images);
+    write_file(labels, idx_bytes(2049, {kCount}, kSmallLabels), false);
+    REQUIRE_THROWS_WITH(FashionMnist(dir.path, Split::train),
+                        Catch::Contains(images.string() + " is not a regular file (a FIFO)"));
+  }
+  fs::remove(labels);
+  {
+    testing::Fifo fifo(labels);
+    write_file(images, idx_bytes(2051, {kCount, kRows, kCols}, small_pixels()), false);
+    REQUIRE_THROWS_WITH(FashionMnist(dir.path, Split::train),
+                        Catch::Contains(labels.string() + " is not a regular file (a FIFO)"));
+  }
+  // A plain file whose header claims 2^32 - 1 images of 65536x65536 pixels is refused from
+  // its size, before anything is allocated for the pixels.
+  write_file(images, idx_bytes(2051, {0xFFFFFFFFu, 65536, 65536}, small_pixels()), false);
+  write_file(labels, idx_bytes(2049, {kCount}, kSmallLabels), false);
+  REQUIRE_THROWS_WITH(FashionMnist(dir.path, Split::train),
+                      Catch::Contains(images.string() + " is truncated: it ends 60 bytes into the pixels "
+                                      "(18446744069414584320 bytes)"));
 }
 
 TEST_CASE("FashionMnist reads the installed data set", "[loader]") {

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "core/fifo_testing.h"
 #include "data/image.h"
 
 using namespace kiln;
@@ -169,4 +170,89 @@ TEST_CASE("to_tensor lays out channels first and scales by 1 over 255", "[images
   image.pixels = {0, 51, 255, 102, 153, 204};
   const Tensor t = to_tensor(image);
   KILN_CHECK_CLOSE(t, testing::f32s({0, 102 / 255.f, 51 / 255.f, 153 / 255.f, 1, 204 / 255.f}, {3, 1, 2}), 0, 1e-7);
+}
+
+namespace {
+
+// Sets the process-wide pixel limit for one test and restores the previous one.
+struct PixelLimit {
+  int64_t previous = max_image_pixels();
+  explicit PixelLimit(int64_t pixels) { set_max_image_pixels(pixels); }
+  ~PixelLimit() { set_max_image_pixels(previous); }
+};
+
+// `jpeg` with the frame header (SOF0) changed to claim height x width.
+std::vector<uint8_t> with_claimed_size(std::vector<uint8_t> jpeg, uint16_t height, uint16_t width) {
+  for (size_t i = 2; i + 9 < jpeg.size(); ++i) {
+    if (jpeg[i] == 0xFF && jpeg[i + 1] == 0xC0) {  // FF C0, length (2), precision (1), height, width
+      jpeg[i + 5] = static_cast<uint8_t>(height >> 8), jpeg[i + 6] = static_cast<uint8_t>(height);
+      jpeg[i + 7] = static_cast<uint8_t>(width >> 8), jpeg[i + 8] = static_cast<uint8_t>(width);
+      return jpeg;
+    }
+  }
+  FAIL("no SOF0 marker");
+  return jpeg;
+}
+
+// Where the entropy-coded data of `jpeg` starts: just past the start-of-scan segment.
+size_t scan_data_start(const std::vector<uint8_t>& jpeg) {
+  for (size_t i = 2; i + 3 < jpeg.size(); ++i)
+    if (jpeg[i] == 0xFF && jpeg[i + 1] == 0xDA) return i + 2 + (size_t{jpeg[i + 2]} << 8 | jpeg[i + 3]);
+  FAIL("no SOS marker");
+  return 0;
+}
+
+}  // namespace
+
+TEST_CASE("decode_jpeg refuses a header claiming more pixels than the limit", "[images]") {
+  // A 4 KB file whose header claims 20000x20000 used to decode "fine" into gigabytes.
+  const std::vector<uint8_t> small = encode_jpeg(noisy_image(64), 90);
+  const std::vector<uint8_t> huge = with_claimed_size(small, 20000, 20000);
+  REQUIRE(huge.size() < 20000);
+  const std::string message = error_of([&] { decode_jpeg(huge, "huge.jpg"); });
+  CHECK_THAT(message, Catch::Contains("decode_jpeg: huge.jpg") && Catch::Contains("20000x20000") &&
+                          Catch::Contains(fmt::format("limit of {} pixels", kDefaultMaxImagePixels)));
+  // The limit is the caller's to choose.
+  PixelLimit limit(64 * 63);
+  CHECK_THAT(error_of([&] { decode_jpeg(small, "small.jpg"); }),
+             Catch::Contains("small.jpg") && Catch::Contains("64x64") && Catch::Contains("limit of 4032 pixels"));
+  set_max_image_pixels(64 * 64);
+  CHECK(decode_jpeg(small, "small.jpg").height == 64);
+  CHECK_THAT(error_of([] { set_max_image_pixels(0); }), Catch::Contains("set_max_image_pixels"));
+}
+
+TEST_CASE("decode_jpeg refuses corrupt entropy-coded data", "[images]") {
+  // libjpeg only warns ("Corrupt JPEG data: ...") and decodes garbage; those warnings are
+  // errors now.
+  const std::vector<uint8_t> good = encode_jpeg(noisy_image(64), 90);
+  const size_t start = scan_data_start(good);
+  REQUIRE(start + 200 < good.size());
+  // A marker in the middle of the scan: "premature end of data segment".
+  std::vector<uint8_t> marker = good;
+  marker[start + 100] = 0xFF, marker[start + 101] = 0xD5;
+  CHECK_THAT(error_of([&] { decode_jpeg(marker, "marker.jpg"); }),
+             Catch::Contains("marker.jpg") && Catch::Contains("Corrupt JPEG data"));
+  // Stray bytes between the scan and the end-of-image marker: "extraneous bytes".
+  std::vector<uint8_t> extra = good;
+  extra.insert(extra.end() - 2, {0x12, 0x34, 0x56});
+  CHECK_THAT(error_of([&] { decode_jpeg(extra, "extra.jpg"); }),
+             Catch::Contains("extra.jpg") && Catch::Contains("Corrupt JPEG data"));
+  // Bytes of the scan overwritten: "bad Huffman code", or a hit marker, however it lands.
+  std::vector<uint8_t> garbled = good;
+  for (size_t i = start + 50; i < good.size() - 2; ++i) garbled[i] = 0xFF;
+  CHECK_THAT(error_of([&] { decode_jpeg(garbled, "garbled.jpg"); }), Catch::Contains("garbled.jpg"));
+}
+
+TEST_CASE("read_jpeg refuses a FIFO without blocking", "[images]") {
+  TempFolder folder;
+  testing::Fifo fifo(folder.path / "image.jpg");
+  CHECK_THAT(error_of([&] { read_jpeg(fifo.path()); }),
+             Catch::Contains("read_jpeg") && Catch::Contains(fifo.path().string()) &&
+                 Catch::Contains("not a regular file (a FIFO)"));
+}
+
+TEST_CASE("Image refuses sizes above the pixel limit", "[images]") {
+  CHECK_THAT(error_of([] { Image(int64_t{1} << 20, int64_t{1} << 20, 3); }),
+             Catch::Contains("Image") && Catch::Contains("1048576x1048576") && Catch::Contains("limit"));
+  CHECK_THAT(error_of([] { Image(int64_t{1} << 40, int64_t{1} << 40, 1); }), Catch::Contains("too many"));
 }

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "data/datasets.h"
+#include "data/loader.h"
 
 using namespace kiln;
 using namespace kiln::data;
@@ -132,6 +133,46 @@ TEST_CASE("ImageFolder throws BadSample naming a corrupt or vanished file", "[im
   CHECK_THAT(error_of<BadSample>([&] { images.get(0, rng); }), Catch::Contains(images.file(0).string()));
   // The others still load.
   CHECK(images.get(2, rng).label == 2);
+}
+
+TEST_CASE("ImageFolder makes corrupt entropy data and oversized JPEGs BadSamples the loader skips", "[images]") {
+  // libjpeg decodes past corrupt data with only a warning; kiln-train --skip-bad-images
+  // (the loader's skip_bad_samples) must see such a file as bad, not train on garbage.
+  TempFolder folder;
+  write_animals(folder.path);
+  const auto write_bytes = [](const fs::path& path, const std::vector<uint8_t>& bytes) {
+    std::ofstream(path, std::ios::binary)
+        .write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  };
+  std::vector<uint8_t> extra = encode_jpeg(flat(16, 3, 90));
+  extra.insert(extra.end() - 2, {0x12, 0x34, 0x56});  // stray bytes before the end marker
+  const fs::path corrupt = folder.path / "ant" / "corrupt.jpg";
+  write_bytes(corrupt, extra);
+  // A small file whose frame header claims 40000x40000 pixels.
+  std::vector<uint8_t> huge = encode_jpeg(flat(16, 3, 90));
+  for (size_t i = 2; i + 9 < huge.size(); ++i)
+    if (huge[i] == 0xFF && huge[i + 1] == 0xC0) {
+      huge[i + 5] = huge[i + 7] = 40000 >> 8;
+      huge[i + 6] = huge[i + 8] = 40000 & 0xFF;
+      break;
+    }
+  const fs::path oversized = folder.path / "bee" / "oversized.jpg";
+  write_bytes(oversized, huge);
+  const auto images = std::make_shared<ImageFolder>(folder.path, Transforms{.steps = {resize(8, 8)}},
+                                                    std::vector<int64_t>{3, 8, 8});
+  REQUIRE(images->size() == 6);
+  REQUIRE(images->file(0) == corrupt);
+  REQUIRE(images->file(2) == oversized);
+  SampleRng rng(0, 0, 0);
+  CHECK_THAT(error_of<BadSample>([&] { images->get(0, rng); }),
+             Catch::Contains(corrupt.string()) && Catch::Contains("Corrupt JPEG data"));
+  CHECK_THAT(error_of<BadSample>([&] { images->get(2, rng); }),
+             Catch::Contains(oversized.string()) && Catch::Contains("40000x40000") && Catch::Contains("limit"));
+  Loader loader(images, {.batch_size = 8, .skip_bad_samples = true});
+  int64_t samples = 0;
+  for (Batch& batch : loader.epoch(0)) samples += batch.input.shape()[0];
+  CHECK(samples == 4);
+  CHECK(loader.skipped() == 2);
 }
 
 TEST_CASE("ImageFolder reports a shape the transforms do not produce", "[images]") {

@@ -206,3 +206,26 @@ TEST_CASE("Transforms reject means and stds that do not fit the channels", "[ima
   const Transforms zero_std{.steps = {}, .mean = {0.5f}, .std = {0.0f}};
   CHECK_THAT(error_of([&] { zero_std(grey(1, 1, {7}), rng); }), Catch::Contains("positive"));
 }
+
+TEST_CASE("transforms refuse to make images above the pixel limit", "[images]") {
+  // A 65500x1 strip resized to a shorter side of 512 is 512 x 33.5 M pixels: it used to end
+  // in an uncaught std::bad_alloc in the data pipeline.
+  SampleRng rng(0, 0, 0);
+  const Image strip(65500, 1, 3);
+  const std::string message = error_of([&] { resize(512)(strip, rng); });
+  CHECK_THAT(message, Catch::StartsWith("resize: ") && Catch::Contains("33536000x512") &&
+                          Catch::Contains(fmt::format("limit of {} pixels", kDefaultMaxImagePixels)));
+  // So large that the size itself overflows.
+  CHECK_THAT(error_of([&] { resize(int64_t{1} << 60)(strip, rng); }),
+             Catch::StartsWith("resize: ") && Catch::Contains("too many pixels"));
+  CHECK_THAT(error_of([&] { resize(100000, 100000)(strip, rng); }),
+             Catch::StartsWith("resize: ") && Catch::Contains("100000x100000"));
+  CHECK_THAT(error_of([&] { center_crop(100000)(strip, rng); }),
+             Catch::StartsWith("center_crop: ") && Catch::Contains("100000x100000"));
+  CHECK_THAT(error_of([&] { random_resized_crop(100000)(strip, rng); }),
+             Catch::StartsWith("random_resized_crop: ") && Catch::Contains("100000x100000"));
+  // Within the limit, the strip resizes.
+  const Image resized = resize(2)(strip, rng);
+  CHECK(resized.height == 131000);
+  CHECK(resized.width == 2);
+}

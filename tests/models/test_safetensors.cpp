@@ -9,6 +9,8 @@
 #include <fstream>
 #include <iterator>
 
+#include "core/fifo_testing.h"
+#include "models/json.h"
 #include "models/safetensors.h"
 #include "testing.h"
 
@@ -454,4 +456,52 @@ TEST_CASE("safetensors rejects bad dtypes shapes and offsets", "[safetensors]") 
     INFO(c.label);
     check_load_error(path, file_bytes(c.header, c.data), c.parts);
   }
+}
+
+TEST_CASE("safetensors refuses a FIFO without blocking", "[safetensors]") {
+  // open() of a FIFO with no writer used to block forever (kiln-train --resume hung on a
+  // model.safetensors that was one).
+  TempDir dir;
+  testing::Fifo fifo(dir.path / "model.safetensors");
+  CHECK_THROWS_WITH(load_safetensors(fifo.path().string()),
+                    Catch::Contains("load_safetensors") && Catch::Contains(fifo.path().string()) &&
+                        Catch::Contains("not a regular file (a FIFO)"));
+}
+
+TEST_CASE("safetensors reads a header of 100,000 tensors in linear time", "[safetensors]") {
+  // The JSON reader's duplicate-key check was a scan of the keys so far: 11 s for this file.
+  // Nothing here is timed; a quadratic reader would run into ctest's timeout.
+  constexpr int kTensors = 100'000;
+  std::string header = "{";
+  for (int i = 0; i < kTensors; ++i)
+    header += fmt::format(R"({}"t{}":{{"dtype":"U8","shape":[1],"data_offsets":[{},{}]}})",
+                          i == 0 ? "" : ",", i, i, i + 1);
+  header += "}";
+  std::string data(kTensors, '\0');
+  for (int i = 0; i < kTensors; ++i) data[static_cast<size_t>(i)] = static_cast<char>(i % 251);
+  TempDir dir;
+  const std::string path = dir.file("many.safetensors");
+  write_bytes(path, file_bytes(header, data));
+  const StateDict loaded = load_safetensors(path);
+  REQUIRE(loaded.size() == kTensors);
+  CHECK(loaded.at("t99999").item<int64_t>() == 99'999 % 251);
+
+  const Json json = parse_json(header, "many");
+  CHECK(json.keys.size() == kTensors);
+  // A duplicate is still found, however far apart the two keys are.
+  header.back() = ',';
+  header += R"("t0":{}})";
+  CHECK_THROWS_WITH(parse_json(header, "many"), Catch::Contains("duplicate key 't0'"));
+}
+
+TEST_CASE("safetensors refuses a header over 100 MB before reading it", "[safetensors]") {
+  TempDir dir;
+  const std::string path = dir.file("huge-header.safetensors");
+  const uint64_t header_size = 100'000'008;
+  write_bytes(path, u64_le(header_size) + "{}");
+  // A sparse file long enough to hold the header: nothing but the length is written.
+  REQUIRE(::truncate(path.c_str(), static_cast<off_t>(8 + header_size)) == 0);
+  CHECK_THROWS_WITH(load_safetensors(path),
+                    Catch::Contains(path) &&
+                        Catch::Contains("header length 100000008 exceeds the format's limit of 100000000 bytes"));
 }
