@@ -8,6 +8,8 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <mutex>
 #include <thread>
@@ -28,7 +30,6 @@ namespace fs = std::filesystem;
 std::mutex g_mutex;  // guards g_memory
 std::unordered_map<std::string, CompiledKernel> g_memory;
 std::atomic<int64_t> g_invocations{0};
-std::atomic<int64_t> g_temp_counter{0};
 
 constexpr const char* kWho = "compile_cpp";
 
@@ -60,7 +61,8 @@ int run_process(const std::vector<std::string>& argv, const fs::path& log) {
   args.push_back(nullptr);
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  const int log_flags = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW;  // a new file, in a private dir
+  posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), log_flags, 0600);
   posix_spawn_file_actions_adddup2(&actions, 1, 2);
   pid_t pid = 0;
   const int rc = posix_spawnp(&pid, args[0], &actions, nullptr, args.data(), environ);
@@ -72,24 +74,17 @@ int run_process(const std::vector<std::string>& argv, const fs::path& log) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
-fs::path scratch_dir() {
-  fs::path dir = fs::temp_directory_path() / fmt::format("kiln-kernels-{}", getpid());
-  fs::create_directories(dir);
-  return dir;
-}
-
 fs::path cache_dir() { return disk_cache::directory("kernels", kWho); }
 
 // The host compiler's identity, computed once per process.
 const std::string& compiler_identity() {
   static const std::string identity = [] {
-    const fs::path log = scratch_dir() / "compiler-version.txt";
+    const disk_cache::ScratchDir scratch(kWho);
+    const fs::path log = scratch.path() / "compiler-version.txt";
     const int rc = run_process({compiler(), "--version"}, log);
     KILN_CHECK(rc == 0, "compile_cpp: `{} --version` failed (exit {}); set KILN_CXX to a C++ compiler",
                compiler(), rc);
-    std::string id = disk_cache::read_file(log);
-    fs::remove(log);
-    return id;
+    return disk_cache::read_file(log);
   }();
   return identity;
 }
@@ -99,23 +94,58 @@ const std::string& compiler_identity() {
 std::string key_of(const std::string& source) {
   std::string all = source;
   for (const std::string& f : flags()) all += "\n" + f;
-  all += std::string("\n") + kTarget + "\n" + compiler_identity() + disk_cache::header_identity(source, kWho);
+  all += std::string("\n") + kTarget + "\n" + disk_cache::kEntryFormat + "\n" +
+         compiler_identity() + disk_cache::header_identity(source, kWho);
   return disk_cache::hash_hex(all);
 }
 
-// dlopen + dlsym; the error text when either fails.
+// dlopen + dlsym; the error text, appended to `error`, when either fails.
 KernelFunction load(const fs::path& path, const std::string& name, std::string* error) {
   void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
   if (!handle) {
-    *error = dlerror();
+    *error += dlerror();
     return nullptr;
   }
   void* symbol = dlsym(handle, name.c_str());
   if (!symbol) {
-    *error = fmt::format("symbol {} not found in {}", name, path.string());
+    *error += fmt::format("symbol {} not found in {}", name, path.string());
     return nullptr;
   }
   return reinterpret_cast<KernelFunction>(symbol);
+}
+
+// Loads `name` from the cache entry `entry` once its digest checks out. nullptr, with the
+// reason in `error`, when there is no entry, or when it was bad or did not load: then it has
+// been discarded (with a warning) for a rebuild. The entry is opened through a hard link of
+// its own: dlopen hands back the object it already has for a path it has seen, which would
+// be the old code after a rebuild; and the link pins the bytes that were checked, should
+// another process replace the entry meanwhile.
+KernelFunction load_entry(const fs::path& entry, const std::string& name, std::string* error) {
+  const fs::path link = disk_cache::temp_path_for(entry).string() + ".so";
+  std::string bytes;
+  if (::link(entry.c_str(), link.c_str()) == 0) {
+    bytes = disk_cache::read_file(link);
+  } else {
+    if (errno == ENOENT) {
+      *error = fmt::format("{} does not exist", entry.string());
+      return nullptr;
+    }
+    // A file system without hard links: load a private copy of the bytes checked.
+    bytes = disk_cache::read_file(entry);
+    if (disk_cache::unseal(entry.filename().string(), bytes))
+      disk_cache::write_atomic(link, bytes, kWho);
+  }
+  std::error_code ec;
+  if (!disk_cache::unseal(entry.filename().string(), bytes)) {
+    fs::remove(link, ec);
+    *error = disk_cache::kMismatch;
+    disk_cache::discard_entry(entry, *error, kWho);
+    return nullptr;
+  }
+  KernelFunction f = load(link, name, error);
+  fs::remove(link, ec);  // the mapping stays valid
+  if (!f) disk_cache::discard_entry(entry, *error, kWho);
+  return f;
 }
 
 struct Job {
@@ -124,12 +154,30 @@ struct Job {
   std::string error;
 };
 
-// Compiles one job into a fresh temporary object, moves it into the cache (or loads it from
-// the scratch directory) and loads it.
-void build(Job& job, bool disk) {
-  const fs::path dir = disk ? cache_dir() : scratch_dir();
-  const fs::path stem = dir / fmt::format("tmp-{}-{}-{}", job.key.substr(0, 16), getpid(), g_temp_counter++);
-  const fs::path cpp = stem.string() + ".cpp", so = stem.string() + ".so", log = stem.string() + ".log";
+// Keeps a source the compiler rejected, for inspection, in a new private file in $TMPDIR
+// (the scratch directory is removed). Returns where, or why it could not.
+std::string keep_failed_source(const std::string& source, const std::string& name) {
+  const std::string pattern = fmt::format("kiln-failed-{}-XXXXXX.cpp", name.substr(0, 64));
+  std::string kept = (disk_cache::temp_root() / pattern).string();
+  const int fd = ::mkstemps(kept.data(), 4);  // 0600, a name nobody else has
+  if (fd < 0) return fmt::format("nowhere ({})", std::strerror(errno));
+  std::FILE* out = ::fdopen(fd, "w");
+  if (!out) {
+    ::close(fd);
+    return fmt::format("nowhere (cannot write {})", kept);
+  }
+  const bool written = std::fwrite(source.data(), 1, source.size(), out) == source.size();
+  if (std::fclose(out) != 0 || !written) return fmt::format("nowhere (cannot write {})", kept);
+  return kept;
+}
+
+// Compiles one job in a private scratch directory (removed afterwards, also on failure),
+// seals the shared object into the cache directory `dir` and loads it from there (or, with
+// no `dir`, the disk cache off, loads it from the scratch directory).
+void build(Job& job, const fs::path& dir) {
+  const disk_cache::ScratchDir scratch(kWho);
+  const fs::path cpp = scratch.path() / "kernel.cpp", so = scratch.path() / "kernel.so",
+                 log = scratch.path() / "compiler.log";
   disk_cache::write_file(cpp, job.source, kWho);
   std::vector<std::string> argv = {compiler()};
   argv.insert(argv.end(), flags().begin(), flags().end());
@@ -137,29 +185,27 @@ void build(Job& job, bool disk) {
   ++g_invocations;
   const int rc = run_process(argv, log);
   if (rc != 0) {
-    job.error = fmt::format("compile_cpp: the host compiler failed on kernel {} (exit {}); source kept at {}\n"
-                            "command: {}\n{}", job.name, rc, cpp.string(), fmt::join(argv, " "), disk_cache::read_file(log));
-    std::error_code ec;
-    fs::remove(so, ec);
+    const std::string output = disk_cache::read_file(log);
+    job.error = fmt::format(
+        "compile_cpp: the host compiler failed on kernel {} (exit {}); source kept at {}\n"
+        "command: {}\n{}",
+        job.name, rc, keep_failed_source(job.source, job.name), fmt::join(argv, " "), output);
     return;
   }
-  std::error_code ec;
-  fs::remove(log, ec);
-  fs::remove(cpp, ec);
-  fs::path final_path = so;
-  if (disk) {
-    final_path = dir / (job.key + ".so");
-    fs::rename(so, final_path, ec);  // atomic: readers see the old entry or the whole new one
-    if (ec) {
-      job.error = fmt::format("compile_cpp: cannot move {} to {}: {}", so.string(), final_path.string(), ec.message());
+  std::string error;
+  if (!dir.empty()) {
+    const fs::path entry = dir / (job.key + ".so");
+    disk_cache::write_entry(entry, disk_cache::read_file(so), kWho);
+    if (KernelFunction f = load_entry(entry, job.name, &error)) {
+      job.result = {f, job.name, job.key, entry.string()};
       return;
     }
+    error += "; from the scratch directory: ";  // another process may have removed the entry
   }
-  std::string error;
-  job.result = {load(final_path, job.name, &error), job.name, job.key, disk ? final_path.string() : ""};
-  if (!disk) fs::remove(so, ec);  // the mapping stays valid
-  if (!job.result.function)
-    job.error = fmt::format("compile_cpp: cannot load the compiled kernel {}: {}", job.name, error);
+  // From the scratch directory (unique names); the mapping outlives the file.
+  job.result = {load(so, job.name, &error), job.name, job.key, ""};
+  if (job.result.function) return;
+  job.error = fmt::format("compile_cpp: cannot load the compiled kernel {}: {}", job.name, error);
 }
 
 std::string memory_key(const std::string& key, const std::string& name) { return key + "/" + name; }
@@ -169,6 +215,7 @@ std::string memory_key(const std::string& key, const std::string& name) { return
 std::vector<CompiledKernel> compile_cpp_batch(const std::vector<std::pair<std::string, std::string>>& sources,
                                               int jobs) {
   const bool disk = disk_cache::enabled();
+  const fs::path dir = disk ? cache_dir() : fs::path();
   std::vector<CompiledKernel> results(sources.size());
   std::vector<Job> pending;
   std::unordered_map<std::string, size_t> pending_of;  // memory key -> index in pending
@@ -185,17 +232,13 @@ std::vector<CompiledKernel> compile_cpp_batch(const std::vector<std::pair<std::s
       }
     }
     if (disk) {
-      const fs::path path = cache_dir() / (key + ".so");
-      if (fs::exists(path)) {
-        std::string error;
-        if (KernelFunction f = load(path, name, &error)) {
-          results[i] = {f, name, key, path.string()};
-          std::lock_guard lock(g_mutex);
-          g_memory[mkey] = results[i];
-          continue;
-        }
-        std::error_code ec;
-        fs::remove(path, ec);  // corrupt or foreign: rebuild it
+      const fs::path path = dir / (key + ".so");
+      std::string error;
+      if (KernelFunction f = load_entry(path, name, &error)) {
+        results[i] = {f, name, key, path.string()};
+        std::lock_guard lock(g_mutex);
+        g_memory[mkey] = results[i];
+        continue;
       }
     }
     auto [it, inserted] = pending_of.emplace(mkey, pending.size());
@@ -207,7 +250,7 @@ std::vector<CompiledKernel> compile_cpp_batch(const std::vector<std::pair<std::s
   auto worker = [&] {
     for (size_t j = next++; j < pending.size(); j = next++) {
       try {
-        build(pending[j], disk);
+        build(pending[j], dir);
       } catch (const std::exception& e) {
         pending[j].error = e.what();
       }

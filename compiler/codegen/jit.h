@@ -6,9 +6,14 @@
 // `--version` output and the content of the kiln headers the kernels include (so a changed
 // kernels/scalar.h never serves stale code). Two levels:
 // - in memory, per process (key -> function);
-// - on disk, $KILN_CACHE_DIR/kernels/<key>.so (default ~/.cache/kiln). Entries are written
-//   to a temporary file and renamed into place, so concurrent processes never see a partial
-//   one; an entry that fails to load is deleted and rebuilt. KILN_CACHE=off disables it.
+// - on disk, <cache root>/kernels/<key>.so (core/disk_cache.h: $KILN_CACHE_DIR, else
+//   ~/.cache/kiln; a private directory). Entries are sealed with a SHA-256 trailer, written
+//   to a temporary file, fsynced and renamed into place; the digest is checked before
+//   dlopen, and an entry that does not match or fails to load is discarded with a warning
+//   and rebuilt. An entry is dlopen'ed through a hard link of its own, so a rebuilt entry
+//   is loaded even where the process has the old one. KILN_CACHE=off disables it.
+// The compiler runs in a private scratch directory (mkdtemp in $TMPDIR), removed afterwards;
+// a source it rejects is kept as $TMPDIR/kiln-failed-<name>-XXXXXX.cpp.
 // Flags are portable (-O3, no -march=native), since a cache directory may be shared by
 // machines. The compiler is `c++` (KILN_CXX overrides it); headers come from the kiln
 // source tree the library was built from (KILN_INCLUDE_DIR overrides it, for an install).

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <thread>
 #include <unordered_map>
@@ -51,7 +52,8 @@ const std::string& nvrtc_version() {
 }
 
 std::string key_of(const std::string& source, const std::string& name, const NvrtcOptions& o) {
-  std::string all = source + "\n" + name + "\n" + o.arch + "\n" + nvrtc_version();
+  std::string all = source + "\n" + name + "\n" + o.arch + "\n" + nvrtc_version() + "\n" +
+                    disk_cache::kEntryFormat;
   // The include directories are where headers come from, not what they say: the header
   // identity below covers the contents, so two checkouts share entries.
   for (const std::string& opt : nvrtc_options(o))
@@ -128,22 +130,22 @@ void build(Job& job, const NvrtcOptions& o) {
   parse_ptxas_report(b.log, b);
 }
 
-// The disk entry of `key`, when it is whole.
+// The disk entry of `key`, when both files are there and match their digests (a file that
+// does not is discarded, with a warning, by read_entry) and the CUBIN is a whole ELF file.
 bool load_entry(const fs::path& dir, const std::string& key, CudaBinary& b) {
-  const fs::path cubin = dir / (key + ".cubin"), log = dir / (key + ".log");
-  std::error_code ec;
-  if (!fs::exists(cubin, ec) || !fs::exists(log, ec)) return false;
-  b.cubin = disk_cache::read_file(cubin);
-  b.log = disk_cache::read_file(log);
-  if (whole_elf(b.cubin)) {
-    parse_ptxas_report(b.log, b);
-    return true;
+  const fs::path cubin_path = dir / (key + ".cubin");
+  std::optional<std::string> cubin = disk_cache::read_entry(cubin_path, kWho);
+  if (!cubin) return false;
+  std::optional<std::string> log = disk_cache::read_entry(dir / (key + ".log"), kWho);
+  if (!log) return false;  // rebuilt: the new report is written before the new CUBIN
+  if (!whole_elf(*cubin)) {
+    disk_cache::discard_entry(cubin_path, "it is not a whole ELF file", kWho);
+    return false;
   }
-  fs::remove(cubin, ec);  // corrupt: rebuild it
-  fs::remove(log, ec);
-  b.cubin.clear();
-  b.log.clear();
-  return false;
+  b.cubin = std::move(*cubin);
+  b.log = std::move(*log);
+  parse_ptxas_report(b.log, b);
+  return true;
 }
 
 int number_before(const std::string& text, size_t pos) {
@@ -230,8 +232,8 @@ std::vector<CudaBinary> compile_cuda_batch(const std::vector<std::pair<std::stri
       build(job, options);
       if (job.error.empty() && disk) {
         // The report first: a .cubin present means its .log is too.
-        disk_cache::write_atomic(dir / (job.result.key + ".log"), job.result.log, kWho);
-        disk_cache::write_atomic(dir / (job.result.key + ".cubin"), job.result.cubin, kWho);
+        disk_cache::write_entry(dir / (job.result.key + ".log"), job.result.log, kWho);
+        disk_cache::write_entry(dir / (job.result.key + ".cubin"), job.result.cubin, kWho);
       }
     } catch (const std::exception& e) {
       job.error = e.what();

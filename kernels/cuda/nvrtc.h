@@ -12,10 +12,11 @@
 //
 // Cache key: a hash of the source, the kernel name, the options, the arch, NVRTC's version
 // and the contents of the kiln headers the source includes (core/disk_cache.h). Two levels:
-// in memory per process, and on disk as $KILN_CACHE_DIR/cuda/<key>.cubin with the ptxas
-// report beside it in <key>.log (written first; each file written to a temporary name and
-// renamed). An entry that is not a whole ELF file, or lacks its report, is rebuilt.
-// KILN_CACHE=off turns the disk level off.
+// in memory per process, and on disk as <cache root>/cuda/<key>.cubin with the ptxas
+// report beside it in <key>.log (written first; each file sealed with a SHA-256 trailer,
+// written to a temporary name, fsynced and renamed: core/disk_cache.h). A file whose
+// digest does not match is discarded with a warning; an entry that is not a whole ELF file,
+// or lacks its report, is rebuilt. KILN_CACHE=off turns the disk level off.
 #include <cstdint>
 #include <string>
 #include <utility>
