@@ -10,6 +10,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <system_error>
 #include <thread>
 
 #include "core/cuda.h"
@@ -34,16 +35,18 @@ Loader::Loader(std::shared_ptr<const Dataset> dataset, LoaderOptions options)
   KILN_CHECK(dataset_ != nullptr, "Loader: the dataset is null");
   KILN_CHECK(options_.batch_size >= 1, "Loader: batch_size {} must be at least 1",
              options_.batch_size);
-  KILN_CHECK(options_.workers >= 0, "Loader: workers {} must be 0 or more", options_.workers);
-  KILN_CHECK(options_.prefetch >= 1, "Loader: prefetch {} must be at least 1", options_.prefetch);
+  KILN_CHECK(options_.workers >= 0 && options_.workers <= kMaxLoaderWorkers,
+             "Loader: workers {} must be between 0 and {}", options_.workers, kMaxLoaderWorkers);
+  KILN_CHECK(options_.prefetch >= 1 && options_.prefetch <= kMaxLoaderPrefetch,
+             "Loader: prefetch {} must be between 1 and {}", options_.prefetch, kMaxLoaderPrefetch);
 }
 
 Loader::~Loader() = default;
 
 int64_t Loader::batches_per_epoch() const {
-  const int64_t n = dataset_->size();
-  return options_.drop_last ? n / options_.batch_size
-                            : (n + options_.batch_size - 1) / options_.batch_size;
+  // No n + batch_size - 1: that overflows for a batch_size near INT64_MAX.
+  const int64_t n = dataset_->size(), full = n / options_.batch_size;
+  return options_.drop_last || n % options_.batch_size == 0 ? full : full + 1;
 }
 
 std::vector<int64_t> Loader::order(int64_t epoch) const {
@@ -99,7 +102,8 @@ struct Loader::Epoch::Impl {
   // or when the workers were told to stop.
   std::optional<Batch> load_batch(int64_t b) {
     const int64_t n = static_cast<int64_t>(order.size());
-    const int64_t first = b * options.batch_size, last = std::min(first + options.batch_size, n);
+    // b < batches_per_epoch(), so first < n; last without first + batch_size (overflow).
+    const int64_t first = b * options.batch_size, last = first + std::min(options.batch_size, n - first);
     std::vector<int64_t> indices;
     std::vector<Sample> samples;
     indices.reserve(static_cast<size_t>(last - first));
@@ -161,6 +165,10 @@ struct Loader::Epoch::Impl {
     threads.reserve(static_cast<size_t>(options.workers));
     try {
       for (int64_t w = 0; w < options.workers; ++w) threads.emplace_back([this] { work(); });
+    } catch (const std::system_error& e) {
+      const size_t started = threads.size();
+      stop_workers();
+      fail("Loader: cannot start worker thread {} of {}: {}", started + 1, options.workers, e.what());
     } catch (...) {
       stop_workers();
       throw;

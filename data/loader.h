@@ -17,6 +17,11 @@
 
 namespace kiln::data {
 
+// Bounds far above any machine's cores, which keep workers * prefetch (the batches loaded
+// ahead) from overflowing.
+inline constexpr int64_t kMaxLoaderWorkers = 4096;
+inline constexpr int64_t kMaxLoaderPrefetch = 1024;
+
 struct LoaderOptions {
   int64_t batch_size = 1;
   bool shuffle = false;
@@ -44,7 +49,9 @@ struct Batch {
 
 class Loader {
  public:
-  // Throws kiln::Error for a null dataset, batch_size < 1, workers < 0 or prefetch < 1.
+  // Throws kiln::Error for a null dataset, batch_size < 1, workers outside [0,
+  // kMaxLoaderWorkers] or prefetch outside [1, kMaxLoaderPrefetch]; a worker thread that
+  // cannot start is a kiln::Error too.
   Loader(std::shared_ptr<const Dataset> dataset, LoaderOptions options);
   ~Loader();
   Loader(const Loader&) = delete;

@@ -17,6 +17,7 @@
 #include <kiln.h>
 
 #include "kernels/cpu/gemm.h"
+#include "tools/report_errors.h"
 #include "tools/trainer.h"
 
 using namespace kiln;
@@ -512,6 +513,11 @@ int bench_mlp_block(const MlpBlockOptions& o) {
   return 0;
 }
 
+// Options are range-checked so that a typo is an error, not an allocation that fails.
+void check_range(const char* option, int64_t v, int64_t least, int64_t most) {
+  KILN_CHECK(v >= least && v <= most, "{} {} must be between {} and {}", option, v, least, most);
+}
+
 MlpBlockOptions parse_mlp_block_options(int argc, char** argv) {
   MlpBlockOptions o;
   for (int i = 2; i < argc; ++i) {
@@ -538,6 +544,12 @@ MlpBlockOptions parse_mlp_block_options(int argc, char** argv) {
     else if (option == "--micro-steps") o.micro_steps = v;
     else fail("kiln-bench mlp-block: unknown option {}", option);
   }
+  check_range("kiln-bench mlp-block: --batch", o.batch, 1, 1 << 20);
+  check_range("kiln-bench mlp-block: --width", o.width, 1, 1 << 16);
+  check_range("kiln-bench mlp-block: --hidden", o.hidden, 0, 1 << 18);
+  check_range("kiln-bench mlp-block: --steps", o.steps, 1, 1'000'000);
+  check_range("kiln-bench mlp-block: --warmup", o.warmup, 1, 1'000'000);
+  check_range("kiln-bench mlp-block: --micro-steps", o.micro_steps, 1, 1'000'000);
   return o;
 }
 
@@ -576,13 +588,19 @@ TrainBenchOptions parse_train_options(int argc, char** argv) {
     }
     else fail("kiln-bench train: unknown option {}", option);
   }
+  check_range("kiln-bench train: --batch", o.batch, 1, 1 << 16);
+  check_range("kiln-bench train: --micro-batch", o.micro_batch, 0, o.batch);
+  check_range("kiln-bench train: --image-size", o.image_size, 1, train::kMaxImageSize);
+  check_range("kiln-bench train: --classes", o.classes, 1, 1 << 20);
+  check_range("kiln-bench train: --steps", o.steps, 1, 1'000'000);
+  check_range("kiln-bench train: --warmup", o.warmup, 1, 1'000'000);
   return o;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
+  return tools::report_errors("kiln-bench", 1, [&] {
     if (argc == 2 && std::strcmp(argv[1], "ops") == 0) return bench_ops();
     if (argc == 4 && std::strcmp(argv[1], "ops") == 0 && std::strcmp(argv[2], "--device") == 0) {
       if (std::strcmp(argv[3], "cuda") == 0) return bench_ops_cuda();
@@ -608,8 +626,5 @@ int main(int argc, char** argv) {
                  "         compiled step's time goes, on stderr; KILN_DUMP=DIR: every stage]; the compiled\n"
                  "         line adds the time of the step's six matmuls alone and the speedup outside them\n";
     return 2;
-  } catch (const Error& e) {
-    std::cerr << "kiln-bench: " << e.what() << "\n";
-    return 1;
-  }
+  });
 }

@@ -3,10 +3,16 @@
 // model.safetensors, optimizer.safetensors and trainer.safetensors (the loop's position,
 // the random generator, the history), and DIR/latest naming the newest complete one.
 //
-// A save is atomic: the folder is written under a temporary name, synced and renamed into
-// place, and only then does `latest` (itself written to a temporary file and renamed) point
-// at it; an interrupted save leaves the previous checkpoint current. The two newest
-// checkpoints are kept.
+// A save never touches the folder `latest` names: the new folder is written under a
+// temporary name (NAME.tmp-PID), synced and renamed to a name no folder has, then `latest`
+// (itself written to a temporary file and renamed) points at it, and only then are older
+// folders removed. A step saved again (a run stopped on an epoch's last batch saves that
+// step once more, at the epoch's end, when resumed) gets the next generation's name:
+// step-NNNNNNNN.1, .2, ... So a save killed at any moment leaves `latest` naming a complete
+// checkpoint. Each save keeps the new folder and the newest of an earlier step, removing
+// older ones and earlier saves of its step (folders of later steps stay until a save passes
+// them); saves and loads remove the temporaries of processes no longer running.
+#include <cstdint>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -39,8 +45,20 @@ std::string fingerprint(const Config& config);
 // Saves and returns the checkpoint's folder; also captures the default generator's state.
 std::filesystem::path save_checkpoint(const std::filesystem::path& dir, const TrainingState& state,
                                       const nn::Module& model, const optim::Optimizer& optimizer);
-// Loads DIR's latest checkpoint into model and optimizer, restores the default generator
-// and returns the state. A missing or malformed checkpoint is a kiln::Error naming it.
-TrainingState load_checkpoint(const std::filesystem::path& dir, nn::Module& model, optim::Optimizer& optimizer);
+
+// Loads the latest checkpoint of config.checkpoint_dir into model and optimizer, restores
+// the default generator and returns the state. Each of these is a kiln::Error naming the
+// file: no checkpoint; a `latest` that is not the name of a checkpoint folder (step-N or
+// step-N.G, no path) or names a missing one; a malformed file; a checkpoint made with other
+// settings (its fingerprint); and a stored field no run of config's settings, at
+// `batches_per_epoch` batches an epoch, could have saved (a micro-batch outside
+// [1, batch] or 1 for a model with batch norm, a position past the run's end, a history
+// that does not match the position), named too. Model, optimizer and generator are only
+// touched once these pass.
+TrainingState load_checkpoint(const Config& config, int64_t batches_per_epoch, nn::Module& model,
+                              optim::Optimizer& optimizer);
+
+// DIR's checkpoint folders, oldest first (by step, then generation).
+std::vector<std::filesystem::path> checkpoint_folders(const std::filesystem::path& dir);
 
 }  // namespace kiln::train

@@ -22,6 +22,7 @@
 #include "compiler/fusion.h"
 #include "compiler/passes/passes.h"
 #include "kernels/cuda/nvrtc.h"
+#include "tools/report_errors.h"
 #include "tools/trainer.h"
 
 using namespace kiln;
@@ -269,6 +270,14 @@ ModelOptions parse_model_options(int argc, char** argv) {
       o.diff_b = value();
     } else fail("kiln-ir: unknown option {}", option);
   }
+  // One traced step: bounds that keep its tensors (batch x channels x size^2) allocatable.
+  auto check_range = [](const char* option, int64_t v, int64_t most) {
+    KILN_CHECK(v >= 1 && v <= most, "kiln-ir: {} {} must be between 1 and {}", option, v, most);
+  };
+  check_range("--batch", o.batch, 4096);
+  check_range("--image-size", o.image_size, 4096);
+  check_range("--classes", o.classes, 1 << 20);
+  check_range("--channels", o.channels, 4096);
   return o;
 }
 
@@ -292,19 +301,14 @@ void usage(std::ostream& os) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc == 2 && std::strcmp(argv[1], "--ops") == 0) return list_ops();
-  if (argc == 2 && (std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0)) {
-    usage(std::cout);
-    return 0;
-  }
-  if (argc >= 2 && argv[1][0] != '-') {
-    try {
-      return model_stages(parse_model_options(argc, argv));
-    } catch (const Error& e) {
-      std::cerr << "kiln-ir: " << e.what() << "\n";
-      return 1;
+  return tools::report_errors("kiln-ir", 1, [&] {
+    if (argc == 2 && std::strcmp(argv[1], "--ops") == 0) return list_ops();
+    if (argc == 2 && (std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0)) {
+      usage(std::cout);
+      return 0;
     }
-  }
-  usage(std::cerr);
-  return 2;
+    if (argc >= 2 && argv[1][0] != '-') return model_stages(parse_model_options(argc, argv));
+    usage(std::cerr);
+    return 2;
+  });
 }

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <ostream>
 #include <string>
 
@@ -11,7 +12,7 @@ namespace kiln::train {
 namespace {
 
 std::string clock_time(double seconds) {
-  const auto s = static_cast<int64_t>(std::max(seconds, 0.0) + 0.5);
+  const auto s = static_cast<int64_t>(std::clamp(std::isfinite(seconds) ? seconds : 0.0, 0.0, 1e15) + 0.5);
   return s >= 3600 ? fmt::format("{}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60)
                    : fmt::format("{}:{:02}", s / 60, s % 60);
 }
@@ -21,32 +22,36 @@ std::string clock_time(double seconds) {
 Progress::Progress(std::ostream& out, ProgressMode mode, int64_t every)
     : out_(out), mode_(mode), every_(std::max<int64_t>(every, 1)) {}
 
+void Progress::start_run(int64_t first_step, int64_t total_steps) {
+  first_step_ = first_step;
+  total_steps_ = total_steps;
+  run_start_ = std::chrono::steady_clock::now();
+}
+
 void Progress::start_epoch(int64_t epoch, int64_t epochs, int64_t batches) {
   epoch_ = epoch;
   epochs_ = epochs;
   batches_ = batches;
-  first_batch_ = -1;
-  start_ = std::chrono::steady_clock::now();
 }
 
-void Progress::step(int64_t batch, double loss, double images_per_second) {
+void Progress::step(int64_t batch, int64_t step, double mean_loss, double images_per_second) {
   if (mode_ == ProgressMode::off) return;
-  if (first_batch_ < 0) first_batch_ = batch - 1;
-  // The ETA extrapolates this run's own pace (a resumed epoch starts part way).
-  const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-  const int64_t done = batch - first_batch_;
-  const double eta = done > 0 ? elapsed / done * (batches_ - batch) : 0;
+  // The ETA extrapolates this run's own pace over the steps left (a resumed run starts part
+  // way); the time spent validating so far counts in the pace.
+  const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start_).count();
+  const int64_t done = step - first_step_;
+  const double eta = done > 0 ? elapsed / static_cast<double>(done) * static_cast<double>(total_steps_ - step) : 0;
   if (mode_ == ProgressMode::bar) {
     constexpr int64_t width = 24;
-    const int64_t filled = batches_ > 0 ? width * batch / batches_ : width;
-    out_ << fmt::format("\repoch {}/{} [{}{}] {}/{} loss {:.4f} {:.1f} img/s ETA {}\x1b[K", epoch_ + 1, epochs_,
-                        std::string(filled, '#'), std::string(width - filled, '.'), batch, batches_, loss,
-                        images_per_second, clock_time(eta))
+    const int64_t filled = batches_ > 0 ? std::clamp<int64_t>(width * batch / batches_, 0, width) : width;
+    out_ << fmt::format("\repoch {}/{} [{}{}] {}/{} mean loss {:.4f} {:.1f} img/s run ETA {}\x1b[K", epoch_ + 1,
+                        epochs_, std::string(filled, '#'), std::string(width - filled, '.'), batch, batches_,
+                        mean_loss, images_per_second, clock_time(eta))
          << std::flush;
     open_line_ = true;
   } else if (batch % every_ == 0 || batch == batches_) {
-    out_ << fmt::format("epoch {}/{} step {}/{} loss {:.4f} {:.1f} img/s ETA {}\n", epoch_ + 1, epochs_, batch,
-                        batches_, loss, images_per_second, clock_time(eta))
+    out_ << fmt::format("epoch {}/{} step {}/{} mean loss {:.4f} {:.1f} img/s run ETA {}\n", epoch_ + 1, epochs_,
+                        batch, batches_, mean_loss, images_per_second, clock_time(eta))
          << std::flush;
   }
 }

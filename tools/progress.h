@@ -1,6 +1,7 @@
 #pragma once
 // kiln-train's progress output: a bar redrawn in place on a terminal, or one plain line
-// every N steps (for logs and CI).
+// every N steps (for logs and CI). Each shows the epoch's running mean loss and the time
+// left of the whole run.
 #include <chrono>
 #include <cstdint>
 #include <iosfwd>
@@ -12,10 +13,13 @@ enum class ProgressMode { off, bar, lines };
 class Progress {
  public:
   Progress(std::ostream& out, ProgressMode mode, int64_t every);
+  // The run goes from step `first_step` (done before: a resumed run) to `total_steps`.
+  void start_run(int64_t first_step, int64_t total_steps);
   // A new epoch (from 0) of `batches` batches.
   void start_epoch(int64_t epoch, int64_t epochs, int64_t batches);
-  // Batch `batch` (counted from 1 within the epoch) is done.
-  void step(int64_t batch, double loss, double images_per_second);
+  // Batch `batch` (counted from 1 within the epoch), the run's step `step` (from 1), is
+  // done; `mean_loss` is the epoch's mean loss so far.
+  void step(int64_t batch, int64_t step, double mean_loss, double images_per_second);
   // Ends the bar's line.
   void finish();
 
@@ -23,8 +27,9 @@ class Progress {
   std::ostream& out_;
   ProgressMode mode_;
   int64_t every_;
-  int64_t epoch_ = 0, epochs_ = 0, batches_ = 0, first_batch_ = -1;
-  std::chrono::steady_clock::time_point start_;
+  int64_t epoch_ = 0, epochs_ = 0, batches_ = 0;
+  int64_t first_step_ = 0, total_steps_ = 0;
+  std::chrono::steady_clock::time_point run_start_ = std::chrono::steady_clock::now();
   bool open_line_ = false;
 };
 

@@ -3,7 +3,7 @@
 #include <cstring>
 #include <iostream>
 
-#include "core/error.h"
+#include "tools/report_errors.h"
 #include "tools/trainer.h"
 
 namespace {
@@ -18,16 +18,15 @@ void on_interrupt(int) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    const kiln::train::Config config = kiln::train::parse_args(argc, argv);
-    std::signal(SIGINT, on_interrupt);
-    const kiln::train::Result result = kiln::train::run(config, std::cout);
-    return result.interrupted ? 130 : 0;
-  } catch (const kiln::train::HelpRequested& help) {
-    std::cout << help.text;
-    return 0;
-  } catch (const kiln::Error& e) {
-    std::cerr << "error: " << e.what() << '\n';
-    return 2;
-  }
+  return kiln::tools::report_errors("kiln-train", 2, [&] {
+    try {
+      const kiln::train::Config config = kiln::train::parse_args(argc, argv);
+      std::signal(SIGINT, on_interrupt);
+      const kiln::train::Result result = kiln::train::run(config, std::cout);
+      return result.interrupted ? 130 : 0;
+    } catch (const kiln::train::HelpRequested& help) {
+      std::cout << help.text;
+      return 0;
+    }
+  });
 }

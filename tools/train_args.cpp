@@ -2,7 +2,9 @@
 #include <fmt/format.h>
 
 #include <charconv>
+#include <cmath>
 #include <functional>
+#include <initializer_list>
 #include <map>
 #include <string>
 
@@ -42,28 +44,122 @@ int64_t parse_bytes(const std::string& option, const std::string& text) {
     case 'G': case 'g': scale = int64_t{1} << 30; digits.pop_back(); break;
     default: break;
   }
-  return parse_int(option, digits) * scale;
+  int64_t bytes = 0;
+  KILN_CHECK(!__builtin_mul_overflow(parse_int(option, digits), scale, &bytes),
+             "kiln-train: {} {}: more bytes than can be counted", option, text);
+  return bytes;
+}
+
+bool one_of(const std::string& value, std::initializer_list<const char*> names) {
+  for (const char* name : names)
+    if (value == name) return true;
+  return false;
 }
 
 }  // namespace
 
-std::string usage() {
-  return R"(usage: kiln-train [options]
+void validate(const Config& c) {
+  // Names (the data set is checked when it is opened: it may be a folder).
+  KILN_CHECK(one_of(c.arch, {"resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "mlp", "cnn"}),
+             "kiln-train: --arch {}: expected resnet18, resnet34, resnet50, resnet101, resnet152, mlp or cnn", c.arch);
+  KILN_CHECK(one_of(c.optimizer, {"sgd", "adamw"}), "kiln-train: --optimizer {}: expected sgd or adamw", c.optimizer);
+  KILN_CHECK(one_of(c.lr_schedule, {"constant", "cosine", "step", "multistep", "onecycle"}),
+             "kiln-train: --lr-schedule {}: expected constant, cosine, step, multistep or onecycle", c.lr_schedule);
+  KILN_CHECK(one_of(c.weight_decay_scope, {"all", "no-norm-bias"}),
+             "kiln-train: --weight-decay-scope {}: expected all or no-norm-bias", c.weight_decay_scope);
+  KILN_CHECK(c.device == "cpu" || c.device == "cuda", "kiln-train: --device {}: expected cpu or cuda", c.device);
+  KILN_CHECK(!c.compile || one_of(c.compile_mode, {"default", "reduce-overhead", "max-autotune"}),
+             "kiln-train: --compile {}: expected default, reduce-overhead or max-autotune", c.compile_mode);
 
-Trains a model of kiln's zoo on an image data set, eagerly on the CPU.
+  // Counts and sizes. The bounds are far beyond any run that fits a machine; they keep the
+  // loop's arithmetic (steps = epochs * batches, batch * sample bytes) from overflowing.
+  KILN_CHECK(c.epochs >= 0 && c.epochs <= kMaxEpochs, "kiln-train: --epochs {} must be between 0 and {}", c.epochs,
+             kMaxEpochs);
+  KILN_CHECK(c.steps >= 0 && c.steps <= kMaxSteps, "kiln-train: --steps {} must be between 0 and {}", c.steps,
+             kMaxSteps);
+  KILN_CHECK(c.epochs > 0 || c.steps > 0, "kiln-train: give --epochs or --steps a positive value");
+  KILN_CHECK(c.batch >= 1 && c.batch <= kMaxBatch, "kiln-train: --batch {} must be between 1 and {}", c.batch,
+             kMaxBatch);
+  KILN_CHECK(c.micro_batch >= 0 && c.micro_batch <= c.batch,
+             "kiln-train: --micro-batch {} must be between 1 and --batch {}", c.micro_batch, c.batch);
+  KILN_CHECK(c.memory_budget >= 0, "kiln-train: --memory-budget {} must not be negative", c.memory_budget);
+  KILN_CHECK(c.warmup >= 0 && c.warmup <= kMaxSteps, "kiln-train: --warmup {} must be between 0 and {}", c.warmup,
+             kMaxSteps);
+  KILN_CHECK(c.image_size >= 0 && c.image_size <= kMaxImageSize,
+             "kiln-train: --image-size {} must be between 1 and {} (0: the data set's own)", c.image_size,
+             kMaxImageSize);
+  KILN_CHECK(c.pad >= 0 && c.pad <= kMaxImageSize / 2 && c.image_size + 2 * c.pad <= kMaxImageSize,
+             "kiln-train: --pad {} must be 0 or more, and the padded image at most {} pixels wide", c.pad,
+             kMaxImageSize);
+  KILN_CHECK(c.pad == 0 || c.data != "synthetic",
+             "kiln-train: --pad {}: synthetic data are generated at their size (give --image-size)", c.pad);
+  KILN_CHECK(c.max_image_pixels >= 0, "kiln-train: --max-image-pixels {} must not be negative (0: the default)",
+             c.max_image_pixels);
+  KILN_CHECK(c.workers >= 0 && c.workers <= kMaxWorkers, "kiln-train: --workers {} must be between 0 and {}",
+             c.workers, kMaxWorkers);
+  KILN_CHECK(c.train_samples >= 0, "kiln-train: --train-samples {} must not be negative", c.train_samples);
+  KILN_CHECK(c.val_samples >= 0, "kiln-train: --val-samples {} must not be negative", c.val_samples);
+  KILN_CHECK(c.print_every >= 1, "kiln-train: --print-every {} must be at least 1", c.print_every);
+  KILN_CHECK(c.synthetic_size >= 1 && c.synthetic_size <= (int64_t{1} << 40),
+             "kiln-train: {} synthetic samples: expected between 1 and 2^40", c.synthetic_size);
+  KILN_CHECK(c.synthetic_classes >= 1 && c.synthetic_classes <= (int64_t{1} << 31),
+             "kiln-train: {} synthetic classes: expected between 1 and 2^31", c.synthetic_classes);
+  KILN_CHECK(c.stop_after_steps >= 0 && c.stop_after_steps <= kMaxSteps,
+             "kiln-train: stop after {} steps: expected between 0 and {}", c.stop_after_steps, kMaxSteps);
+
+  // Rates: finite (an infinite or NaN rate trains on NaN losses).
+  KILN_CHECK(std::isfinite(c.lr) && c.lr >= 0, "kiln-train: --lr {} must be a finite number, 0 or more", c.lr);
+  KILN_CHECK(std::isfinite(c.momentum) && c.momentum >= 0,
+             "kiln-train: --momentum {} must be a finite number, 0 or more", c.momentum);
+  KILN_CHECK(std::isfinite(c.weight_decay) && c.weight_decay >= 0,
+             "kiln-train: --weight-decay {} must be a finite number, 0 or more", c.weight_decay);
+  KILN_CHECK(c.label_smoothing >= 0 && c.label_smoothing <= 1, "kiln-train: --label-smoothing {} must be in [0, 1]",
+             c.label_smoothing);
+
+  // Combinations.
+  KILN_CHECK(!c.nesterov || (c.optimizer == "sgd" && c.momentum > 0),
+             "kiln-train: --nesterov needs --optimizer sgd and a positive --momentum (got {}, momentum {})",
+             c.optimizer, c.momentum);
+  KILN_CHECK(!c.channels_last || c.arch != "mlp",
+             "kiln-train: --channels-last needs a convolutional --arch (the mlp flattens its input)");
+  KILN_CHECK(!c.resume || !c.checkpoint_dir.empty(), "kiln-train: --resume needs --checkpoint DIR");
+}
+
+std::vector<std::string> pytorch_differences(const Config& c) {
+  std::vector<std::string> out;
+  if (c.zero_init_residual && c.arch.starts_with("resnet")) out.push_back("zero-init-residual on");
+  if (c.weight_decay > 0 && c.weight_decay_scope == "no-norm-bias")
+    out.push_back("weight decay skips norms and biases");
+  if (c.nesterov) out.push_back("Nesterov momentum");
+  if (c.label_smoothing > 0) out.push_back(fmt::format("label smoothing {}", c.label_smoothing));
+  if (c.data == "fashion-mnist" && c.image_size > 0 && c.image_size != 28)
+    out.push_back(fmt::format("images stretched 28 -> {} (bilinear)", c.image_size));
+  return out;
+}
+
+std::string usage() {
+  return fmt::format(R"(usage: kiln-train [options]
+
+Trains a model of kiln's zoo on an image data set: eagerly, or compiled with --compile;
+on the CPU, or on a CUDA GPU with --device cuda. The first lines of a run list the
+settings that differ from PyTorch's defaults.
 
 data and model:
   --data D             synthetic | fashion-mnist | shapes | DIR (DIR/train/<class>/*.jpg, DIR/val/...)  [synthetic]
   --arch A             resnet18 | resnet34 | resnet50 | resnet101 | resnet152 | mlp | cnn  [resnet50]
-  --image-size N       resize images to N x N  [the data set's own: 224, 28, 64]
+  --image-size N       resize images to N x N, bilinear (1 to {})  [the data set's own: 224, 28, 64]
+  --pad N              then pad each side with N black pixels, e.g. Fashion-MNIST 28 -> 32 with --pad 2  [0]
+  --zero-init-residual each ResNet block's last batch norm weight starts at 0 (off, as torchvision)
   --train-samples N    train on an evenly spaced subset of N samples  [all]
   --val-samples N      validate on an evenly spaced subset of N samples  [all]
-  --workers N          loader threads  [2]
+  --workers N          loader threads (0 to {})  [2]
   --skip-bad-images    skip (and count) unreadable or corrupt images instead of stopping
+  --max-image-pixels N refuse a decoded or resized image of more pixels (a corrupt or hostile header)  [2^27]
 optimization:
   --epochs N           passes over the training data  [1]
   --steps N            stop after N optimizer steps in all (overrides --epochs)
-  --batch N            global batch: samples per optimizer step  [32]
+  --batch N            global batch: samples per optimizer step; with batch norm, a last batch
+                       of 1 sample is dropped  [32]
   --micro-batch N|auto samples per forward/backward; gradients accumulate exactly  [--batch]
   --memory-budget B    bytes --micro-batch auto may use, e.g. 4G  [half the available memory]
   --optimizer O        sgd | adamw  [sgd]
@@ -71,7 +167,10 @@ optimization:
   --lr-schedule S      constant | cosine | step | multistep | onecycle  [cosine]
   --warmup N           linear warmup steps  [0]
   --momentum X         SGD momentum  [0.9]
-  --weight-decay X     decoupled for adamw; biases and norm weights exempt  [5e-5]
+  --nesterov           SGD with Nesterov momentum
+  --weight-decay X     L2 for sgd, decoupled for adamw  [5e-5]
+  --weight-decay-scope all | no-norm-bias: decay every parameter (as PyTorch), or exempt
+                       biases and norm weights (every 1-d parameter)  [all]
   --label-smoothing X  [0]
   --seed N             weights, order and augmentation all follow from it  [0]
 run:
@@ -80,14 +179,17 @@ run:
   --log FILE           JSON lines: one per step, one per epoch
   --plot FILE          SVG of loss and accuracy  [DIR/curves.svg with --checkpoint]
   --print-every N      steps between progress lines when not on a terminal  [50]
-  --cache-dir DIR      where --data shapes is generated  [$KILN_CACHE_DIR or ~/.cache/kiln]
+  --cache-dir DIR      where --data shapes is generated  [the kernel cache's root: $KILN_CACHE_DIR, $XDG_CACHE_HOME/kiln or ~/.cache/kiln]
   --device cpu|cuda    [cpu]
   --compile [MODE]     run forward, loss and backward compiled (kiln::compile; MODE: default,
                        reduce-overhead (CUDA graphs) or max-autotune (and timed launches))  [default]
   --channels-last      NHWC batches: eager and compiled steps run their convolution region NHWC
   --amp                not available yet (a later issue)
   --help
-)";
+progress: the epoch's running mean loss, images per second and the time left of the whole run.
+A step whose loss is not finite stops the run with an error naming it.
+)",
+                     kMaxImageSize, kMaxWorkers);
 }
 
 Config parse_args(int argc, const char* const* argv) {
@@ -114,8 +216,11 @@ Config parse_args(int argc, const char* const* argv) {
       {"--optimizer", [&](auto&, auto& v) { c.optimizer = v; }},
       {"--momentum", [&](auto& o, auto& v) { c.momentum = parse_double(o, v); }},
       {"--weight-decay", [&](auto& o, auto& v) { c.weight_decay = parse_double(o, v); }},
+      {"--weight-decay-scope", [&](auto&, auto& v) { c.weight_decay_scope = v; }},
+      {"--pad", [&](auto& o, auto& v) { c.pad = parse_int(o, v); }},
       {"--label-smoothing", [&](auto& o, auto& v) { c.label_smoothing = parse_double(o, v); }},
       {"--image-size", [&](auto& o, auto& v) { c.image_size = parse_int(o, v); }},
+      {"--max-image-pixels", [&](auto& o, auto& v) { c.max_image_pixels = parse_int(o, v); }},
       {"--train-samples", [&](auto& o, auto& v) { c.train_samples = parse_int(o, v); }},
       {"--val-samples", [&](auto& o, auto& v) { c.val_samples = parse_int(o, v); }},
       {"--workers", [&](auto& o, auto& v) { c.workers = parse_int(o, v); }},
@@ -129,7 +234,8 @@ Config parse_args(int argc, const char* const* argv) {
   };
   const std::map<std::string, bool*> flags = {
       {"--amp", &c.amp}, {"--channels-last", &c.channels_last}, {"--resume", &c.resume},
-      {"--skip-bad-images", &c.skip_bad_images}};
+      {"--skip-bad-images", &c.skip_bad_images}, {"--nesterov", &c.nesterov},
+      {"--zero-init-residual", &c.zero_init_residual}};
 
   for (int i = 1; i < argc; ++i) {
     std::string option = argv[i], value;
@@ -162,6 +268,7 @@ Config parse_args(int argc, const char* const* argv) {
     }
     s->second(option, value);
   }
+  validate(c);
   return c;
 }
 

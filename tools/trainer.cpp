@@ -1,6 +1,7 @@
 #include "tools/trainer.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 #include <ostream>
 
 #include "core/cuda.h"
+#include "core/disk_cache.h"
 #include "core/error.h"
 #include "core/generator.h"
 #include "core/grad_mode.h"
@@ -22,6 +24,7 @@
 #include "core/ops/reduce.h"
 #include "core/storage.h"
 #include "data/datasets.h"
+#include "data/image.h"
 #include "data/loader.h"
 #include "models/containers.h"
 #include "models/layers.h"
@@ -74,9 +77,12 @@ std::shared_ptr<const data::Dataset> subset(std::shared_ptr<const data::Dataset>
 
 fs::path cache_root(const Config& c) {
   if (!c.cache_dir.empty()) return c.cache_dir;
-  if (const char* env = std::getenv("KILN_CACHE_DIR"); env && *env) return env;
-  if (const char* home = std::getenv("HOME"); home && *home) return fs::path(home) / ".cache" / "kiln";
-  return fs::temp_directory_path() / "kiln-cache";
+  // The kernel cache's root (never a folder shared with other users).
+  fs::path root = disk_cache::root();
+  KILN_CHECK(!root.empty(),
+             "kiln-train: --data shapes: no cache folder to generate the data set in (HOME, XDG_CACHE_HOME and "
+             "KILN_CACHE_DIR are unset); give --cache-dir DIR");
+  return root;
 }
 
 struct DataSets {
@@ -93,10 +99,13 @@ DataSets make_data(const Config& c) {
         .size = std::max<int64_t>(c.synthetic_size / 8, 1), .num_classes = c.synthetic_classes,
         .image_size = size, .seed = c.seed + 1});
   } else if (c.data == "fashion-mnist") {
+    // Without resizing or padding the data set normalizes its 28 x 28 images itself.
+    std::vector<data::ImageTransform> steps;
+    if (c.image_size > 0 && c.image_size != 28) steps.push_back(data::resize(c.image_size, c.image_size));
+    // center_crop to a larger size pads with black, as torchvision's Pad before Normalize.
+    if (c.pad > 0) steps.push_back(data::center_crop((c.image_size > 0 ? c.image_size : 28) + 2 * c.pad));
     std::optional<data::Transforms> transforms;
-    if (c.image_size > 0 && c.image_size != 28)
-      transforms = data::Transforms{.steps = {data::resize(c.image_size, c.image_size)}, .mean = {0.2860f},
-                                    .std = {0.3530f}};
+    if (!steps.empty()) transforms = data::Transforms{.steps = steps, .mean = {0.2860f}, .std = {0.3530f}};
     d.train = std::make_shared<data::FashionMnist>(data::kFashionMnistDir, data::Split::train, transforms);
     d.val = std::make_shared<data::FashionMnist>(data::kFashionMnistDir, data::Split::test, transforms);
   } else {
@@ -115,8 +124,12 @@ DataSets make_data(const Config& c) {
       train_steps = {data::random_resized_crop(size), data::random_horizontal_flip()};
       val_steps = {data::resize(size * 8 / 7), data::center_crop(size)};
     }
+    if (c.pad > 0) {
+      train_steps.push_back(data::center_crop(size + 2 * c.pad));  // black borders
+      val_steps.push_back(data::center_crop(size + 2 * c.pad));
+    }
     const bool split = fs::is_directory(root / "train");
-    const std::vector<int64_t> shape = {3, size, size};
+    const std::vector<int64_t> shape = {3, size + 2 * c.pad, size + 2 * c.pad};
     d.train = std::make_shared<data::ImageFolder>(
         split ? root / "train" : root,
         data::Transforms{.steps = train_steps, .mean = data::kImageNetMean, .std = data::kImageNetStd}, shape);
@@ -131,10 +144,15 @@ DataSets make_data(const Config& c) {
 }
 
 std::unique_ptr<optim::Optimizer> make_optimizer(const Config& c, const nn::Module& model) {
-  const auto groups = optim::param_groups_no_decay(model, c.weight_decay);
+  // PyTorch's optimizers decay every parameter they are given; no-norm-bias is the common
+  // recipe that exempts biases and norm weights.
+  const std::vector<optim::ParamGroupSpec> groups =
+      c.weight_decay_scope == "no-norm-bias" ? optim::param_groups_no_decay(model, c.weight_decay)
+                                             : std::vector<optim::ParamGroupSpec>{{model.parameters(), {}}};
   if (c.optimizer == "sgd")
     return std::make_unique<optim::SGD>(groups, optim::SGDOptions{.lr = c.lr, .momentum = c.momentum,
-                                                                   .weight_decay = c.weight_decay});
+                                                                   .weight_decay = c.weight_decay,
+                                                                   .nesterov = c.nesterov});
   if (c.optimizer == "adamw")
     return std::make_unique<optim::AdamW>(groups, optim::AdamWOptions{.lr = c.lr, .weight_decay = c.weight_decay});
   fail("kiln-train: --optimizer {}: expected sgd or adamw", c.optimizer);
@@ -153,27 +171,28 @@ std::shared_ptr<optim::LRSchedule> make_schedule(const Config& c, int64_t total_
   return c.warmup > 0 ? optim::chain(c.warmup, s) : s;
 }
 
+// What validate() cannot see: the features not built yet and this machine's devices.
 void check_available(const Config& c) {
-  KILN_CHECK(!c.compile || c.compile_mode == "default" || c.compile_mode == "reduce-overhead" ||
-                 c.compile_mode == "max-autotune",
-             "kiln-train: --compile {}: expected default, reduce-overhead or max-autotune", c.compile_mode);
   KILN_CHECK(!c.amp, "kiln-train: --amp is not available yet: mixed precision has not landed; train in f32");
-  KILN_CHECK(!c.channels_last || c.arch != "mlp",
-             "kiln-train: --channels-last needs a convolutional --arch (the mlp flattens its input)");
-  KILN_CHECK(c.device == "cpu" || c.device == "cuda", "kiln-train: --device {}: expected cpu or cuda", c.device);
   KILN_CHECK(c.device == "cpu" || cuda::is_available(), "kiln-train: --device cuda: CUDA is not available: {}",
              cuda::unavailable_reason());
   KILN_CHECK(c.device == "cpu" || !c.micro_batch_auto,
              "kiln-train: --micro-batch auto is not available yet with --device cuda (it measures the CPU "
              "allocator); give --micro-batch N");
-  KILN_CHECK(c.batch > 0, "kiln-train: --batch {} must be positive", c.batch);
-  KILN_CHECK(c.micro_batch >= 0 && c.micro_batch <= c.batch,
-             "kiln-train: --micro-batch {} must be between 1 and --batch {}", c.micro_batch, c.batch);
-  KILN_CHECK(c.epochs > 0 || c.steps > 0, "kiln-train: give --epochs or --steps a positive value");
-  KILN_CHECK(c.workers >= 0, "kiln-train: --workers {} must not be negative", c.workers);
-  KILN_CHECK(c.label_smoothing >= 0 && c.label_smoothing <= 1, "kiln-train: --label-smoothing {} must be in [0, 1]",
-             c.label_smoothing);
-  KILN_CHECK(!c.resume || !c.checkpoint_dir.empty(), "kiln-train: --resume needs --checkpoint DIR");
+}
+
+// Makes `file`'s folder and checks that a file can be created there, so that a run does
+// not train for hours and then fail to write its log or plot.
+void check_writable(const fs::path& file, const std::string& option) {
+  std::error_code ec;
+  if (file.has_parent_path()) fs::create_directories(file.parent_path(), ec);
+  KILN_CHECK(!ec, "kiln-train: {} {}: cannot create the folder {}: {}", option, file.string(),
+             file.parent_path().string(), ec.message());
+  const fs::path probe = file.string() + fmt::format(".probe-{}", ::getpid());
+  const bool writable = std::ofstream(probe, std::ios::app).good();
+  fs::remove(probe, ec);
+  KILN_CHECK(writable, "kiln-train: {} {}: cannot create a file in {}", option, file.string(),
+             file.has_parent_path() ? file.parent_path().string() : std::string("the current folder"));
 }
 
 struct Evaluation {
@@ -229,10 +248,12 @@ bool has_batch_norm(nn::Module& model) {
 }
 
 std::shared_ptr<nn::Module> make_model(const std::string& arch, int64_t classes, int64_t channels,
-                                       int64_t image_size) {
-  // Each residual block starts as the identity (its last BatchNorm weight is zero), which
-  // keeps the first steps of training from scratch stable ("Bag of Tricks", He et al. 2019).
-  const models::ResNetOptions options{.num_classes = classes, .zero_init_residual = true, .in_channels = channels};
+                                       int64_t image_size, bool zero_init_residual) {
+  // zero_init_residual: each residual block starts as the identity (its last BatchNorm
+  // weight is zero), which keeps the first steps of training from scratch stable ("Bag of
+  // Tricks", He et al. 2019); torchvision's default is off.
+  const models::ResNetOptions options{
+      .num_classes = classes, .zero_init_residual = zero_init_residual, .in_channels = channels};
   if (arch == "resnet18") return std::make_shared<models::ResNet>(models::resnet18(options));
   if (arch == "resnet34") return std::make_shared<models::ResNet>(models::resnet34(options));
   if (arch == "resnet50") return std::make_shared<models::ResNet>(models::resnet50(options));
@@ -349,16 +370,24 @@ int64_t default_memory_budget() {
 }
 
 Result run(const Config& c, std::ostream& out) {
+  validate(c);
+  data::set_max_image_pixels(c.max_image_pixels > 0 ? c.max_image_pixels : data::kDefaultMaxImagePixels);
   check_available(c);
   stop_requested.store(false);
   Result result;
+  // The outputs are checked before any training.
+  const fs::path plot = !c.plot_file.empty() ? c.plot_file
+                        : !c.checkpoint_dir.empty() ? c.checkpoint_dir / "curves.svg"
+                                                    : fs::path();
+  if (!c.log_file.empty()) check_writable(c.log_file, "--log");
+  if (!plot.empty()) check_writable(plot, c.plot_file.empty() ? "--checkpoint" : "--plot");
 
   DataSets d = make_data(c);
   const std::vector<int64_t> shape = d.train->sample_shape();
   KILN_CHECK(shape.size() == 3, "kiln-train: samples of {} are not images [C, H, W]", d.train->describe());
   const int64_t classes = d.train->num_classes();
   manual_seed(c.seed);
-  std::shared_ptr<nn::Module> model = make_model(c.arch, classes, shape[0], shape[1]);
+  std::shared_ptr<nn::Module> model = make_model(c.arch, classes, shape[0], shape[1], c.zero_init_residual);
   // The loader makes batches on the CPU; each step copies its batch to the device.
   const Device device = c.device == "cuda" ? Device::cuda() : Device::cpu();
   const MemoryFormat format = c.channels_last ? MemoryFormat::channels_last : MemoryFormat::contiguous;
@@ -380,8 +409,16 @@ Result run(const Config& c, std::ostream& out) {
 
   std::unique_ptr<optim::Optimizer> optimizer = make_optimizer(c, *model);
   const int64_t per_epoch = train_loader.batches_per_epoch();
-  const int64_t total_steps = c.steps > 0 ? c.steps : c.epochs * per_epoch;
-  const int64_t epochs = c.steps > 0 ? (c.steps + per_epoch - 1) / per_epoch : c.epochs;
+  const int64_t samples = d.train->size();
+  KILN_CHECK(per_epoch > 0, "kiln-train: {} training sample{} give{} no full batch of {}{}", samples,
+             samples == 1 ? "" : "s", samples == 1 ? "s" : "", c.batch,
+             drop_last ? fmt::format(" with drop_last ({} has batch norm, which cannot train on a batch of 1 sample, "
+                                     "so a last batch of 1 is dropped)", c.arch)
+                       : std::string());
+  int64_t total_steps = c.steps;
+  KILN_CHECK(c.steps > 0 || !__builtin_mul_overflow(c.epochs, per_epoch, &total_steps),
+             "kiln-train: --epochs {} of {} steps each: more steps than can be counted", c.epochs, per_epoch);
+  const int64_t epochs = c.steps > 0 ? c.steps / per_epoch + (c.steps % per_epoch != 0) : c.epochs;
   optim::Scheduler scheduler(*optimizer, make_schedule(c, total_steps));
 
   int64_t micro = c.micro_batch > 0 ? c.micro_batch : c.batch;
@@ -390,7 +427,7 @@ Result run(const Config& c, std::ostream& out) {
              "training", c.arch);
   TrainingState state;
   if (c.resume) {
-    state = load_checkpoint(c.checkpoint_dir, *model, *optimizer);
+    state = load_checkpoint(c, per_epoch, *model, *optimizer);
     KILN_CHECK(state.fingerprint == fingerprint(c),
                "kiln-train: --resume: the checkpoint in {} was made with other settings ({}); now {}",
                c.checkpoint_dir.string(), state.fingerprint, fingerprint(c));
@@ -435,7 +472,6 @@ Result run(const Config& c, std::ostream& out) {
 
   std::ofstream log;
   if (!c.log_file.empty()) {
-    if (c.log_file.has_parent_path()) fs::create_directories(c.log_file.parent_path());
     log.open(c.log_file, c.resume ? std::ios::app : std::ios::trunc);
     KILN_CHECK(log.good(), "kiln-train: cannot write the log file {}", c.log_file.string());
   }
@@ -445,11 +481,16 @@ Result run(const Config& c, std::ostream& out) {
     out << fmt::format("  {} steps of batch {} (micro-batch {}, {} per step), {} epochs, {} lr {} {}, {} workers, {}\n",
                        total_steps, c.batch, micro, accumulation.steps(c.batch), epochs, c.optimizer, c.lr,
                        c.lr_schedule, c.workers, c.compile ? "compiled (" + c.compile_mode + ")" : std::string("eager"));
+    std::vector<std::string> differences = pytorch_differences(c);
+    if (drop_last) differences.push_back("drops each epoch's last batch of 1 sample (batch norm)");
+    out << fmt::format("  differs from PyTorch's defaults: {}\n",
+                       differences.empty() ? std::string("nothing") : fmt::format("{}", fmt::join(differences, ", ")));
     if (c.resume)
       out << fmt::format("  resumed at step {} (epoch {}, batch {})\n", state.step, state.epoch + 1, state.batch);
   }
   Progress progress(out, c.quiet ? ProgressMode::off : (isatty(STDOUT_FILENO) ? ProgressMode::bar : ProgressMode::lines),
                     c.print_every);
+  progress.start_run(state.step, total_steps);
 
   int64_t step = state.step;
   auto save = [&](int64_t epoch, int64_t batch_in_epoch, const fs::path& dir, double loss_sum, int64_t correct,
@@ -494,13 +535,22 @@ Result run(const Config& c, std::ostream& out) {
       seen_now += s.samples;
       result.step_losses.push_back(s.loss);
       const double images_per_second = s.samples / std::max(seconds_since(t0), 1e-9);
-      progress.step(batch_index, s.loss, seen_now / std::max(seconds_since(epoch_start), 1e-9));
       if (log.is_open())
         log << fmt::format(R"({{"step":{},"epoch":{},"loss":{},"lr":{},"img_per_s":{:.1f},"accuracy":{}}})", step,
                            epoch + 1, json_number(s.loss), json_number(lr), images_per_second,
                            json_number(static_cast<double>(s.correct) / s.samples))
             << '\n'
             << std::flush;
+      // Nothing can be learnt past a NaN or infinite loss (the weights it updated are lost
+      // too; there is no loss scaler to skip the step yet).
+      if (!std::isfinite(s.loss)) {
+        progress.finish();
+        fail("kiln-train: step {} (epoch {}, batch {} of {}): the loss is {}; stopped (a smaller --lr, or "
+             "--warmup, may help)",
+             step, epoch + 1, batch_index, per_epoch, std::isnan(s.loss) ? "NaN" : s.loss > 0 ? "inf" : "-inf");
+      }
+      progress.step(batch_index, step, loss_sum / std::max<int64_t>(seen, 1),
+                    seen_now / std::max(seconds_since(epoch_start), 1e-9));
       const bool stop = stop_requested.load() || (c.stop_after_steps > 0 && steps_this_run >= c.stop_after_steps);
       if (stop && step < total_steps) {
         progress.finish();
@@ -546,12 +596,10 @@ Result run(const Config& c, std::ostream& out) {
   result.skipped = train_loader.skipped();
   if (result.skipped > 0 && !c.quiet) out << fmt::format("skipped {} unreadable training images\n", result.skipped);
 
-  const fs::path plot = !c.plot_file.empty() ? c.plot_file
-                        : !c.checkpoint_dir.empty() ? c.checkpoint_dir / "curves.svg"
-                                                    : fs::path();
   if (!plot.empty()) {
-    if (plot.has_parent_path()) fs::create_directories(plot.parent_path());
-    write_plot(plot, result.step_losses, result.epochs, fmt::format("kiln-train {} on {}", c.arch, c.data));
+    write_plot(plot, result.step_losses, result.epochs,
+               fmt::format("kiln-train {} on {}: {}, {}", c.arch, c.data,
+                           c.compile ? "compiled (" + c.compile_mode + ")" : std::string("eager"), c.device));
     if (!c.quiet) out << "plot: " << plot.string() << '\n';
   }
   if (compiled && !c.quiet) {

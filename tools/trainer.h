@@ -38,11 +38,16 @@ struct Config {
   int64_t warmup = 0;                  // linear warmup steps before the schedule
   std::string optimizer = "sgd";       // sgd | adamw
   double momentum = 0.9;
-  double weight_decay = 5e-5;  // biases and norm parameters are exempt
+  bool nesterov = false;  // SGD's Nesterov momentum
+  double weight_decay = 5e-5;
+  std::string weight_decay_scope = "all";  // all (as PyTorch) | no-norm-bias (1-d parameters exempt)
   double label_smoothing = 0.0;
-  int64_t image_size = 0;      // 0: the data set's natural size
+  bool zero_init_residual = false;  // each ResNet block's last batch norm weight starts at 0
+  int64_t image_size = 0;  // resize to this (0: the data set's natural size)
+  int64_t pad = 0;         // then pad each side with this many black pixels
   int64_t workers = 2;
   bool skip_bad_images = false;  // skip and count unreadable images instead of stopping
+  int64_t max_image_pixels = 0;  // refuse images larger than this (0: data::kDefaultMaxImagePixels)
   std::string device = "cpu";
   bool compile = false;  // run each micro-step (forward, loss, backward, accumulation) compiled
   std::string compile_mode = "default";  // kiln::compile's mode
@@ -65,8 +70,21 @@ struct Config {
   bool quiet = false;  // no progress output (tests)
 };
 
-// Parses kiln-train's command line (argv[0] is skipped). --help throws HelpRequested.
+// Parses kiln-train's command line (argv[0] is skipped) and validates it. --help throws
+// HelpRequested.
 Config parse_args(int argc, const char* const* argv);
+// Throws kiln::Error naming the setting when a value is out of range or a name is unknown
+// (what needs no data set or device: sizes, counts, rates, names, combinations). Limits:
+inline constexpr int64_t kMaxWorkers = 256;
+inline constexpr int64_t kMaxImageSize = 4096;             // --image-size, and with --pad
+inline constexpr int64_t kMaxBatch = int64_t{1} << 24;     // --batch
+inline constexpr int64_t kMaxEpochs = 1'000'000;           // --epochs
+inline constexpr int64_t kMaxSteps = 1'000'000'000'000;    // --steps, --warmup, --stop-after
+void validate(const Config& config);
+// The settings of `config` that differ from PyTorch's defaults (torchvision's ResNet,
+// torch.optim, nn.CrossEntropyLoss, torchvision's datasets), one phrase each, such as
+// "zero-init-residual on"; empty when there are none.
+std::vector<std::string> pytorch_differences(const Config& config);
 struct HelpRequested {
   std::string text;
 };
@@ -99,9 +117,10 @@ Result run(const Config& config, std::ostream& out);
 // (what kiln-train's SIGINT handler calls; safe from a signal handler).
 void request_stop();
 
-// The zoo model for `arch` taking [N, channels, size, size] to `classes` logits.
+// The zoo model for `arch` taking [N, channels, size, size] to `classes` logits;
+// zero_init_residual as torchvision's ResNet option (ignored by mlp and cnn).
 std::shared_ptr<nn::Module> make_model(const std::string& arch, int64_t classes, int64_t channels,
-                                       int64_t image_size);
+                                       int64_t image_size, bool zero_init_residual = false);
 
 // Whether the model holds a batch norm layer (which needs 2+ samples per micro-batch).
 bool has_batch_norm(nn::Module& model);
@@ -145,5 +164,8 @@ int64_t default_memory_budget();
 // per epoch (atomically: temporary file, rename).
 void write_plot(const std::filesystem::path& path, const std::vector<double>& step_losses,
                 const std::vector<EpochRecord>& epochs, const std::string& title);
+// An axis's ticks: the multiples of a round step (1, 2 or 5 times a power of ten) from
+// the largest at or below `low` to the smallest at or above `high`, about `count` steps.
+std::vector<double> axis_ticks(double low, double high, int count);
 
 }  // namespace kiln::train

@@ -1,9 +1,14 @@
 // kiln-train's command line (tools/train_args.cpp): values as the next argument or after
 // '=', flags, sizes with K/M/G suffixes, --micro-batch auto, --help, and errors for unknown
-// options, missing values and malformed numbers.
+// options, missing values, malformed numbers and values out of range (validate); the
+// settings named as differing from PyTorch's defaults.
 #include "testing.h"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tools/trainer.h"
@@ -128,4 +133,126 @@ TEST_CASE("train args: bad command lines are errors naming the option", "[traine
   REQUIRE_THROWS_WITH(parse({"--memory-budget", "G"}), Contains("--memory-budget"));
   REQUIRE_THROWS_WITH(parse({"--memory-budget="}), Contains("--memory-budget"));
   REQUIRE_THROWS_WITH(parse({"--resume=yes"}), Contains("--resume takes no value"));
+}
+
+TEST_CASE("train args: the flags for PyTorch's recipes", "[trainer][train_args]") {
+  const train::Config defaults = parse({});
+  CHECK_FALSE(defaults.nesterov);
+  CHECK_FALSE(defaults.zero_init_residual);  // torchvision's default
+  CHECK(defaults.weight_decay_scope == "all");  // PyTorch's optimizers decay every parameter
+  CHECK(defaults.pad == 0);
+  const train::Config c = parse({"--data", "fashion-mnist", "--nesterov", "--zero-init-residual", "--pad", "2",
+                                 "--weight-decay-scope", "no-norm-bias"});
+  CHECK(c.nesterov);
+  CHECK(c.zero_init_residual);
+  CHECK(c.pad == 2);
+  CHECK(c.weight_decay_scope == "no-norm-bias");
+  CHECK(parse({"--weight-decay-scope=all"}).weight_decay_scope == "all");
+  REQUIRE_THROWS_WITH(parse({"--nesterov=1"}), Contains("--nesterov takes no value"));
+  REQUIRE_THROWS_WITH(parse({"--weight-decay-scope", "none"}),
+                      Contains("--weight-decay-scope none: expected all or no-norm-bias"));
+  REQUIRE_THROWS_WITH(parse({"--nesterov", "--momentum", "0"}), Contains("--nesterov needs"));
+  REQUIRE_THROWS_WITH(parse({"--nesterov", "--optimizer", "adamw"}), Contains("--nesterov needs --optimizer sgd"));
+  REQUIRE_THROWS_WITH(parse({"--pad", "2"}), Contains("--pad 2: synthetic data"));
+}
+
+TEST_CASE("train args: out-of-range values are errors naming the option", "[trainer][train_args]") {
+  // Each of these once crashed kiln-train (a division by zero, an allocation, a thread) or
+  // trained nothing and exited 0.
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--batch", "9223372036854775807"}, "--batch 9223372036854775807 must be between 1 and"},
+      {{"--batch", "0"}, "--batch 0"},
+      {{"--steps", "9223372036854775807"}, "--steps 9223372036854775807 must be between 0 and"},
+      {{"--steps", "-1"}, "--steps -1"},
+      {{"--epochs", "9223372036854775807"}, "--epochs 9223372036854775807 must be between 0 and"},
+      {{"--epochs", "-3"}, "--epochs -3"},
+      {{"--epochs", "0"}, "give --epochs or --steps a positive value"},
+      {{"--warmup", "-1"}, "--warmup -1"},
+      {{"--image-size", "200000"}, "--image-size 200000 must be between 1 and 4096"},
+      {{"--image-size", "-1"}, "--image-size -1"},
+      {{"--data", "shapes", "--pad", "-1"}, "--pad -1"},
+      {{"--data", "shapes", "--image-size", "4000", "--pad", "100"}, "--pad 100"},
+      {{"--workers", "100000"}, "--workers 100000 must be between 0 and 256"},
+      {{"--workers", "-1"}, "--workers -1"},
+      {{"--train-samples", "-5"}, "--train-samples -5"},
+      {{"--val-samples", "-5"}, "--val-samples -5"},
+      {{"--print-every", "0"}, "--print-every 0"},
+      {{"--memory-budget", "-1"}, "--memory-budget -1"},
+      {{"--memory-budget", "9000000000000G"}, "--memory-budget 9000000000000G: more bytes than can be counted"},
+      {{"--lr", "inf"}, "--lr inf must be a finite number"},
+      {{"--lr", "nan"}, "--lr nan must be a finite number"},
+      {{"--lr", "-0.1"}, "--lr -0.1"},
+      {{"--lr", "1e999"}, "--lr 1e999"},
+      {{"--momentum", "inf"}, "--momentum inf"},
+      {{"--weight-decay", "nan"}, "--weight-decay nan"},
+      {{"--label-smoothing", "nan"}, "--label-smoothing nan"},
+      {{"--arch", "resnet9"}, "--arch resnet9"},
+      {{"--optimizer", "lamb"}, "--optimizer lamb"},
+      {{"--lr-schedule", "linear"}, "--lr-schedule linear"},
+      {{"--device", "tpu"}, "--device tpu"},
+      {{"--compile=fastest"}, "--compile fastest"},
+      {{"--resume"}, "--resume needs --checkpoint DIR"},
+      {{"--arch", "mlp", "--channels-last"}, "--channels-last needs a convolutional --arch"},
+  };
+  for (const auto& [args, message] : cases) {
+    INFO(fmt::format("{}", fmt::join(args, " ")));
+    REQUIRE_THROWS_AS(parse(args), Error);
+    REQUIRE_THROWS_WITH(parse(args), Contains(message));
+  }
+  // The limits themselves are accepted.
+  CHECK(parse({"--workers", "256"}).workers == 256);
+  CHECK(parse({"--image-size", "4096"}).image_size == 4096);
+  CHECK(parse({"--steps", "1000000000000"}).steps == 1'000'000'000'000);
+}
+
+TEST_CASE("train args: validate checks a Config as the command line does", "[trainer][train_args]") {
+  train::validate(train::Config{});
+  train::Config c;
+  SECTION("synthetic size") {
+    c.synthetic_size = 0;
+    REQUIRE_THROWS_WITH(train::validate(c), Contains("0 synthetic samples"));
+  }
+  SECTION("synthetic classes") {
+    c.synthetic_classes = 0;
+    REQUIRE_THROWS_WITH(train::validate(c), Contains("0 synthetic classes"));
+  }
+  SECTION("stop after") {
+    c.stop_after_steps = -1;
+    REQUIRE_THROWS_WITH(train::validate(c), Contains("stop after -1 steps"));
+  }
+  SECTION("micro-batch") {
+    c.micro_batch = c.batch + 1;
+    REQUIRE_THROWS_WITH(train::validate(c), Contains("--micro-batch 33 must be between 1 and --batch 32"));
+  }
+  SECTION("a resume with no folder") {
+    c.resume = true;
+    REQUIRE_THROWS_WITH(train::validate(c), Contains("--resume needs --checkpoint DIR"));
+  }
+}
+
+TEST_CASE("train args: --help says what kiln-train does", "[trainer][train_args]") {
+  const std::string text = train::usage();
+  // It compiles (--compile) and runs on CUDA (--device cuda): not "eagerly on the CPU".
+  CHECK_THAT(text, !Contains("eagerly on the CPU"));
+  CHECK_THAT(text, Contains("compiled with --compile") && Contains("--device cuda"));
+  for (const char* option : {"--nesterov", "--zero-init-residual", "--pad N", "--weight-decay-scope", "--image-size N",
+                             "--workers N"})
+    CHECK_THAT(text, Contains(option));
+  CHECK_THAT(text, Contains("(off, as torchvision)") && Contains("[all]") && Contains("(1 to 4096)") &&
+                       Contains("(0 to 256)"));
+  CHECK_THAT(text, Contains("running mean loss") && Contains("whole run"));
+}
+
+TEST_CASE("train args: the settings that differ from PyTorch's defaults are named", "[trainer][train_args]") {
+  CHECK(train::pytorch_differences(parse({})).empty());
+  CHECK(train::pytorch_differences(parse({"--data", "fashion-mnist", "--image-size", "28"})).empty());
+  CHECK(train::pytorch_differences(parse({"--arch", "cnn", "--zero-init-residual"})).empty());  // no residual blocks
+  CHECK(train::pytorch_differences(parse({"--weight-decay", "0", "--weight-decay-scope", "no-norm-bias"})).empty());
+  const std::vector<std::string> d =
+      train::pytorch_differences(parse({"--data", "fashion-mnist", "--image-size", "32", "--zero-init-residual",
+                                        "--weight-decay-scope", "no-norm-bias", "--label-smoothing", "0.1",
+                                        "--nesterov"}));
+  CHECK(d == std::vector<std::string>{"zero-init-residual on", "weight decay skips norms and biases",
+                                      "Nesterov momentum", "label smoothing 0.1",
+                                      "images stretched 28 -> 32 (bilinear)"});
 }

@@ -2,8 +2,11 @@
 // one that is not (mid-epoch, at an epoch boundary, twice, with other worker counts, with
 // adamw); a step's loss and update do not depend on how the global batch is cut into
 // micro-batches; checkpoint folders, rotation, atomicity and resume errors; the JSON log and
-// the SVG plot; --micro-batch auto; the "not available yet" features and bad names; and the
-// issue's target, 90% validation accuracy on the shapes data.
+// the SVG plot (round ticks, eager or compiled in the title); --micro-batch auto; the "not
+// available yet" features and bad names; the issue's target, 90% validation accuracy on the
+// shapes data; and the edges: an epoch with no full batch, a loss that is not finite, an
+// unwritable log or plot (found before training), --zero-init-residual, --weight-decay-scope,
+// --nesterov, --pad, the settings named as differing from PyTorch's, the progress line.
 //
 // Tolerances: resume equivalence is exact (every tensor byte, every step loss, every epoch
 // record except its images/s, a timing). Micro-batch equivalence uses an MLP (no batch
@@ -28,8 +31,10 @@
 #include <string>
 #include <vector>
 
+#include "data/datasets.h"
 #include "data/image.h"
 #include "tools/checkpoint.h"
+#include "tools/progress.h"
 #include "tools/trainer.h"
 
 using namespace kiln;
@@ -548,6 +553,40 @@ TEST_CASE("trainer: a corrupt image stops the run naming it or is skipped and co
   CHECK(result.steps == 3);
 }
 
+TEST_CASE("trainer: --max-image-pixels refuses larger images, or skips and counts them", "[trainer]") {
+  TempDir dir;
+  // Two classes of six 16x16 images, one of them 32x32: over a limit of 16 * 16 pixels.
+  for (const char* cls : {"a", "b"}) {
+    fs::create_directories(dir.path() / "train" / cls);
+    for (int i = 0; i < 6; ++i) {
+      const int64_t side = std::string(cls) == "a" && i == 2 ? 32 : 16;
+      data::Image image(side, side, 3);
+      for (size_t k = 0; k < image.pixels.size(); ++k) image.pixels[k] = static_cast<uint8_t>((k * 5 + i) % 256);
+      data::write_jpeg(dir.path() / "train" / cls / fmt::format("{}.jpg", i), image);
+    }
+  }
+  train::Config c;
+  c.data = dir.path().string();
+  c.arch = "mlp";
+  c.image_size = 16;
+  c.batch = 4;
+  c.epochs = 1;
+  c.workers = 2;
+  c.quiet = true;
+  c.max_image_pixels = 16 * 16;
+  REQUIRE_THROWS_WITH(run(c), Contains("2.jpg") && Contains("larger than the limit of 256 pixels"));
+  c.skip_bad_images = true;
+  const train::Result result = run(c);
+  CHECK(result.skipped == 1);
+  c.max_image_pixels = -1;
+  REQUIRE_THROWS_WITH(run(c), Contains("--max-image-pixels -1 must not be negative"));
+  // The limit is the process's: a later run without the option has the default again.
+  c.max_image_pixels = 0;
+  c.skip_bad_images = false;
+  CHECK(run(c).skipped == 0);
+  CHECK(data::max_image_pixels() == data::kDefaultMaxImagePixels);
+}
+
 TEST_CASE("trainer: --compile trains like eager", "[trainer]") {
   // The micro-steps run as generated code (kiln::compile); the optimizer step stays eager.
   // Kernels compute what the eager ops compute, summed in other orders, so the runs agree
@@ -602,4 +641,230 @@ TEST_CASE("trainer: --device cuda trains on the GPU as on the CPU", "[trainer][c
     CHECK(gpu.step_losses[i] == Approx(cpu.step_losses[i]).epsilon(1e-2));
   // The weights come back to the CPU in the result (a checkpoint's state dict).
   for (const auto& [name, t] : gpu.model) CHECK(t.device() == Device::cpu());
+}
+
+TEST_CASE("trainer: an epoch with no full batch is an error saying why", "[trainer][train_args]") {
+  // Once a division by zero (SIGFPE): with batch norm a last batch of 1 sample is dropped,
+  // so 1 sample in batches of 2 made 0 batches an epoch.
+  train::Config c = small_cnn();
+  c.train_samples = 1;
+  c.batch = 2;
+  c.micro_batch = 0;
+  c.steps = 2;
+  REQUIRE_THROWS_AS(run(c), Error);
+  REQUIRE_THROWS_WITH(run(c), Contains("1 training sample gives no full batch of 2 with drop_last") &&
+                                  Contains("batch norm"));
+  c.epochs = 1;
+  c.steps = 0;
+  REQUIRE_THROWS_WITH(run(c), Contains("1 training sample gives no full batch of 2"));
+
+  SECTION("an image folder of one image") {
+    TempDir dir;
+    fs::create_directories(dir.path() / "only");
+    data::write_jpeg(dir.path() / "only" / "0.jpg", data::Image(16, 16, 3));
+    train::Config f;
+    f.data = dir.path().string();
+    f.arch = "cnn";
+    f.image_size = 16;
+    f.workers = 0;
+    f.quiet = true;
+    REQUIRE_THROWS_WITH(run(f), Contains("1 training sample gives no full batch of 32 with drop_last"));
+    f.arch = "mlp";  // no batch norm: one batch of one sample
+    CHECK(run(f).steps == 1);
+  }
+}
+
+TEST_CASE("trainer: a loss that is not finite stops the run naming the step", "[trainer]") {
+  // An MLP (no batch norm to renormalize): the first step's update at this rate overflows
+  // f32, so the second step's loss is NaN.
+  train::Config c = small_cnn();
+  c.arch = "mlp";
+  c.micro_batch = 0;
+  c.lr = 1e300;
+  c.lr_schedule = "constant";
+  TempDir tmp;
+  c.log_file = tmp.path() / "log.jsonl";
+  REQUIRE_THROWS_AS(run(c), Error);
+  REQUIRE_THROWS_WITH(run(c), Contains("step 2 (epoch 1, batch 2 of 5): the loss is NaN") && Contains("--lr"));
+  // The log has the step that stopped it, with its loss as null.
+  const std::vector<std::string> lines = read_lines(c.log_file);
+  REQUIRE(lines.size() == 2);
+  CHECK_THAT(lines[1], Contains("\"step\":2") && Contains("\"loss\":null"));
+}
+
+TEST_CASE("trainer: an unwritable log or plot is an error before any training", "[trainer]") {
+  TempDir tmp;
+  const fs::path file = tmp.path() / "a-file";
+  std::ofstream(file) << "not a folder";
+  train::Config c = small_cnn();
+  c.checkpoint_dir = tmp.path() / "ckpt";
+  SECTION("log") {
+    c.log_file = file / "log.jsonl";
+    REQUIRE_THROWS_WITH(run(c), Contains("--log") && Contains("cannot create the folder"));
+  }
+  SECTION("plot") {
+    c.plot_file = file / "sub" / "curves.svg";
+    REQUIRE_THROWS_WITH(run(c), Contains("--plot") && Contains("cannot create the folder"));
+  }
+  SECTION("the plot beside the checkpoints") {
+    c.checkpoint_dir = file / "ckpt";
+    REQUIRE_THROWS_WITH(run(c), Contains("--checkpoint") && Contains("curves.svg"));
+  }
+  // Nothing trained: no checkpoint was written.
+  CHECK_FALSE(fs::exists(tmp.path() / "ckpt"));
+}
+
+TEST_CASE("trainer: --zero-init-residual is off by default as in torchvision", "[trainer]") {
+  for (const bool zero : {false, true}) {
+    INFO("zero_init_residual " << zero);
+    manual_seed(0);
+    const StateDict state = train::make_model("resnet18", 10, 3, 32, zero)->state_dict();
+    for (const char* name : {"layer1.0.bn2.weight", "layer4.1.bn2.weight"})
+      for (double w : testing::values(state.at(name))) CHECK(w == (zero ? 0.0 : 1.0));
+    for (double w : testing::values(state.at("layer1.0.bn1.weight"))) CHECK(w == 1.0);
+  }
+  manual_seed(0);
+  const StateDict plain = train::make_model("resnet18", 10, 3, 32)->state_dict();
+  for (double w : testing::values(plain.at("layer2.0.bn2.weight"))) CHECK(w == 1.0);
+}
+
+TEST_CASE("trainer: --weight-decay-scope all decays every parameter and no-norm-bias spares the 1-d ones",
+          "[trainer]") {
+  // One step from the same weights and batch: the gradients are the same, so only the decay
+  // of each parameter differs.
+  train::Config c = small_cnn();
+  c.steps = 1;
+  c.momentum = 0;
+  c.weight_decay = 0.5;
+  const StateDict all = run(c).model;
+  c.weight_decay_scope = "no-norm-bias";
+  const StateDict spared = run(c).model;
+  c.weight_decay = 0;
+  const StateDict none = run(c).model;
+  int64_t vectors = 0, matrices = 0;
+  for (const auto& [name, t] : none) {
+    if (t.dtype() != DType::f32 || name.find("running_") != std::string::npos) continue;  // buffers
+    INFO(name);
+    if (t.dim() == 1) {
+      ++vectors;
+      CHECK(testing::values(spared.at(name)) == testing::values(t));  // no decay
+      if (name.ends_with(".weight")) CHECK(testing::values(all.at(name)) != testing::values(t));  // decayed
+    } else {
+      ++matrices;
+      CHECK(testing::values(spared.at(name)) == testing::values(all.at(name)));
+      CHECK(testing::values(all.at(name)) != testing::values(t));
+    }
+  }
+  CHECK(vectors > 0);
+  CHECK(matrices > 0);
+}
+
+TEST_CASE("trainer: --nesterov trains with Nesterov momentum", "[trainer]") {
+  train::Config c = small_cnn();
+  c.epochs = 1;
+  const train::Result plain = run(c);
+  c.nesterov = true;
+  const train::Result nesterov = run(c);
+  REQUIRE(nesterov.step_losses.size() == plain.step_losses.size());
+  CHECK(nesterov.step_losses.front() == plain.step_losses.front());  // the same first forward
+  CHECK(nesterov.step_losses.back() != plain.step_losses.back());    // another update
+}
+
+TEST_CASE("trainer: --pad pads the images with black instead of resizing them", "[trainer]") {
+  // An MLP's first layer shows the size the model sees: 3 x (16 + 2 * 2)^2 inputs.
+  TempDir dir;
+  for (const char* cls : {"a", "b"}) {
+    fs::create_directories(dir.path() / "train" / cls);
+    for (int i = 0; i < 2; ++i) {
+      data::Image image(16, 16, 3);
+      for (uint8_t& p : image.pixels) p = 200;
+      data::write_jpeg(dir.path() / "train" / cls / fmt::format("{}.jpg", i), image);
+    }
+  }
+  train::Config c;
+  c.data = dir.path().string();
+  c.arch = "mlp";
+  c.image_size = 16;
+  c.pad = 2;
+  c.batch = 4;
+  c.workers = 0;
+  c.quiet = true;
+  const train::Result padded = run(c);
+  CHECK(padded.model.at("0.weight").shape() == Shape{256, 3 * 20 * 20});
+  if (fs::exists(data::kFashionMnistDir)) {
+    train::Config f;
+    f.data = "fashion-mnist";
+    f.arch = "mlp";
+    f.pad = 2;
+    f.train_samples = 8;
+    f.val_samples = 8;
+    f.batch = 8;
+    f.workers = 0;
+    f.quiet = true;
+    CHECK(run(f).model.at("0.weight").shape() == Shape{256, 32 * 32});
+  } else {
+    WARN("skipped the Fashion-MNIST part: " << data::kFashionMnistDir << " is not installed");
+  }
+}
+
+TEST_CASE("trainer: a run's first lines name the settings that differ from PyTorch's defaults", "[trainer]") {
+  train::Config c = small_cnn();
+  c.quiet = false;
+  c.epochs = 1;
+  std::ostringstream plain;
+  train::run(c, plain);
+  CHECK_THAT(plain.str(), Contains("differs from PyTorch's defaults: nothing"));
+  c.weight_decay_scope = "no-norm-bias";
+  c.label_smoothing = 0.1;
+  c.synthetic_size = 41;  // batches of 8: the last one holds 1 sample, which batch norm cannot train on
+  std::ostringstream changed;
+  train::run(c, changed);
+  CHECK_THAT(changed.str(), Contains("differs from PyTorch's defaults: weight decay skips norms and biases, "
+                                     "label smoothing 0.1, drops each epoch's last batch of 1 sample (batch norm)"));
+}
+
+TEST_CASE("trainer: progress shows the epoch's mean loss and the whole run's ETA", "[trainer]") {
+  std::ostringstream out;
+  train::Progress progress(out, train::ProgressMode::lines, 2);
+  progress.start_run(0, 6);
+  progress.start_epoch(0, 2, 3);
+  progress.step(1, 1, 3.0, 10);
+  progress.step(2, 2, 2.5, 10);
+  progress.step(3, 3, 2.0, 10);
+  progress.finish();
+  progress.start_epoch(1, 2, 3);
+  progress.step(1, 4, 1.0, 10);
+  progress.step(2, 5, 0.75, 10);
+  const std::string text = out.str();
+  INFO(text);
+  CHECK_THAT(text, Contains("epoch 1/2 step 2/3 mean loss 2.5000 10.0 img/s run ETA 0:0"));
+  CHECK_THAT(text, Contains("epoch 1/2 step 3/3 mean loss 2.0000"));
+  CHECK_THAT(text, Contains("epoch 2/2 step 2/3 mean loss 0.7500"));
+  CHECK_THAT(text, !Contains("step 1/3"));  // every 2 steps, and an epoch's last
+}
+
+TEST_CASE("trainer: the plot's ticks are round and its title says eager or compiled", "[trainer]") {
+  // Multiples of 1, 2 or 5 times a power of ten that cover the range.
+  CHECK(train::axis_ticks(0, 2.49, 5) == std::vector<double>{0, 0.5, 1, 1.5, 2, 2.5});
+  CHECK(train::axis_ticks(0, 1, 5) == std::vector<double>{0, 0.2, 0.4, 0.6, 0.8, 1});
+  CHECK(train::axis_ticks(0, 140, 5) == std::vector<double>{0, 50, 100, 150});
+  CHECK(train::axis_ticks(0, 7.3, 5) == std::vector<double>{0, 2, 4, 6, 8});
+  CHECK(train::axis_ticks(1, 2, 5) == std::vector<double>{1, 1.2, 1.4, 1.6, 1.8, 2});
+  CHECK(train::axis_ticks(0, 0.031, 4) == std::vector<double>{0, 0.01, 0.02, 0.03, 0.04});
+  CHECK(train::axis_ticks(3, 3, 5).size() >= 2);  // an empty range still has an axis
+
+  TempDir tmp;
+  train::Config c = small_cnn();
+  c.epochs = 1;
+  c.plot_file = tmp.path() / "curves.svg";
+  run(c);
+  const std::string eager = read_text(c.plot_file);
+  CHECK_THAT(eager, Contains("kiln-train cnn on synthetic: eager, cpu"));
+  // The y labels of the loss panel are round values, printed as such.
+  CHECK_THAT(eager, Contains(R"(text-anchor="end" font-size="11">0.0</text>)") ||
+                        Contains(R"(text-anchor="end" font-size="11">0</text>)"));
+  CHECK_THAT(eager, Contains(">100%<") && Contains(">20%<"));
+  c.compile = true;
+  run(c);
+  CHECK_THAT(read_text(c.plot_file), Contains("kiln-train cnn on synthetic: compiled (default), cpu"));
 }
