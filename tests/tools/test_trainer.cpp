@@ -14,7 +14,7 @@
 // accumulated sums differs. Compiled against eager, channels-last against contiguous and
 // split against whole batches sum the same terms in other orders, so losses and weights
 // agree within the summation bound of their longest sum (tests/tolerance.h): losses
-// relative, weights normwise.
+// relative, the weights and buffers normwise as one vector.
 #include "testing.h"
 #include "tolerance.h"
 
@@ -88,8 +88,9 @@ train::Config small_cnn() {
 // small_cnn()'s longest sum has 128 * 3 * 3 = 1152 terms (the input gradient of the last
 // convolution, 128 channels of 3x3): two kernels that order its sums differently give
 // losses and weights within 2 gamma(1152) = 1.4e-4 of each other, however OpenBLAS blocks
-// its GEMMs on the machine at hand. (Measured with several OpenBLAS core types: losses
-// within 1.4e-5, weights within 1e-5 normwise, after 10 steps.)
+// its GEMMs on the machine at hand. (Measured with several OpenBLAS core types, on an idle
+// and on a loaded machine, where OpenBLAS's AVX-512 kernels sum in yet other orders: losses
+// within 1.4e-5, weights within 2.2e-5 normwise, after 10 steps.)
 constexpr double kSmallCnnSums = kiln::testing::summation_bound(128 * 3 * 3);
 
 train::Result run(const train::Config& c) {
@@ -252,11 +253,7 @@ TEST_CASE("trainer: the step loss is the global batch mean however the batch is 
     CHECK(split.micro_batch == micro);
     REQUIRE(split.step_losses.size() == 1);
     CHECK(split.step_losses[0] == Approx(whole.step_losses[0]).epsilon(kMlpSums));
-    REQUIRE(split.model.size() == whole.model.size());
-    for (const auto& [name, weight] : whole.model) {
-      INFO("tensor " << name);
-      KILN_CHECK_NORM_CLOSE(split.model.at(name), weight, kMlpSums);
-    }
+    CHECK(kiln::testing::relative_difference(split.model, whole.model) <= kMlpSums);
   }
 }
 
@@ -598,10 +595,7 @@ TEST_CASE("trainer: --compile trains like eager", "[trainer]") {
   REQUIRE(compiled.step_losses.size() == eager.step_losses.size());
   for (size_t i = 0; i < eager.step_losses.size(); ++i)
     CHECK(compiled.step_losses[i] == Approx(eager.step_losses[i]).epsilon(kSmallCnnSums));
-  for (const auto& [name, t] : eager.model) {
-    INFO(name);
-    KILN_CHECK_NORM_CLOSE(compiled.model.at(name), t, kSmallCnnSums);
-  }
+  CHECK(kiln::testing::relative_difference(compiled.model, eager.model) <= kSmallCnnSums);
   // Validation runs compiled too (the forward in eval mode): the same loss and accuracy.
   REQUIRE(compiled.epochs.size() == eager.epochs.size());
   for (size_t e = 0; e < eager.epochs.size(); ++e) {
