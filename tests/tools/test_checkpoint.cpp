@@ -8,6 +8,7 @@
 // The runs are a small ConvNet (with batch norm) on 40 synthetic images: 5 steps of batch 8
 // an epoch, 2 epochs. Resumed runs must match the uninterrupted one exactly.
 #include "testing.h"
+#include "tools/trainer_testing.h"
 
 #include <fmt/format.h>
 #include <signal.h>
@@ -32,29 +33,14 @@ using namespace kiln;
 using Catch::Matchers::Contains;
 namespace fs = std::filesystem;
 namespace train = kiln::train;
+using kiln::testing::read_text;
+using kiln::testing::require_bitwise_equal;
+using kiln::testing::require_same_history;
+using kiln::testing::run;
+using kiln::testing::small_cnn;
+using kiln::testing::TempDir;
 
 namespace {
-
-// A fresh folder under the system's temporary directory, removed with everything in it.
-class TempDir {
- public:
-  TempDir() {
-    static std::atomic<int> counter{0};
-    path_ = fs::temp_directory_path() / fmt::format("kiln-checkpoint-test-{}-{}", ::getpid(), counter++);
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
 
 // A child process that sleeps until it is killed (when this goes out of scope).
 class RunningProcess {
@@ -85,28 +71,6 @@ pid_t exited_pid() {
   return pid;
 }
 
-train::Config small_cnn() {
-  train::Config c;
-  c.data = "synthetic";
-  c.synthetic_size = 40;
-  c.synthetic_classes = 4;
-  c.image_size = 12;
-  c.arch = "cnn";
-  c.batch = 8;
-  c.micro_batch = 4;
-  c.epochs = 2;
-  c.workers = 1;
-  c.seed = 3;
-  c.lr = 0.05;
-  c.quiet = true;
-  return c;
-}
-
-train::Result run(const train::Config& c) {
-  std::ostringstream out;
-  return train::run(c, out);
-}
-
 // Runs `c` into `dir` and stops it after `steps` optimizer steps.
 train::Result stopped_after(train::Config c, const fs::path& dir, int64_t steps) {
   c.checkpoint_dir = dir;
@@ -126,37 +90,10 @@ train::Result resumed(train::Config c, const fs::path& dir) {
   return r;
 }
 
-void require_bitwise_equal(const StateDict& actual, const StateDict& expected) {
-  REQUIRE(actual.size() == expected.size());
-  for (const auto& [name, e] : expected) {
-    INFO("tensor " << name);
-    auto it = actual.find(name);
-    REQUIRE(it != actual.end());
-    const Tensor a = it->second.contiguous(), x = e.contiguous();
-    REQUIRE(a.dtype() == x.dtype());
-    REQUIRE(a.shape() == x.shape());
-    CHECK(std::memcmp(a.data_ptr(), x.data_ptr(), a.numel() * a.itemsize()) == 0);
-  }
-}
-
 // The weights, the step losses and the epoch records but their images/s (a timing).
 void require_same_run(const train::Result& actual, const train::Result& expected) {
   require_bitwise_equal(actual.model, expected.model);
-  CHECK(actual.step_losses == expected.step_losses);
-  REQUIRE(actual.epochs.size() == expected.epochs.size());
-  for (size_t i = 0; i < expected.epochs.size(); ++i) {
-    INFO("epoch record " << i);
-    CHECK(actual.epochs[i].epoch == expected.epochs[i].epoch);
-    CHECK(actual.epochs[i].train_loss == expected.epochs[i].train_loss);
-    CHECK(actual.epochs[i].train_accuracy == expected.epochs[i].train_accuracy);
-  }
-}
-
-std::string read_text(const fs::path& path) {
-  std::ifstream f(path);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
+  require_same_history(actual, expected);
 }
 
 void write_text(const fs::path& path, const std::string& text) {

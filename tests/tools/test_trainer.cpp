@@ -17,6 +17,7 @@
 // relative, the weights and buffers normwise as one vector.
 #include "testing.h"
 #include "tolerance.h"
+#include "tools/trainer_testing.h"
 
 #include <fmt/format.h>
 #include <unistd.h>
@@ -26,6 +27,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <sstream>
 #include <string>
@@ -41,49 +43,14 @@ using namespace kiln;
 using Catch::Matchers::Contains;
 namespace fs = std::filesystem;
 namespace train = kiln::train;
+using kiln::testing::read_text;
+using kiln::testing::require_bitwise_equal;
+using kiln::testing::require_same_history;
+using kiln::testing::run;
+using kiln::testing::small_cnn;
+using kiln::testing::TempDir;
 
 namespace {
-
-// A fresh folder under the system's temporary directory, removed with everything in it.
-class TempDir {
- public:
-  TempDir() {
-    static std::atomic<int> counter{0};
-    path_ = fs::temp_directory_path() / ("kiln-trainer-test-" + std::to_string(::getpid()) + "-" +
-                                         std::to_string(counter++));
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
-
-// A ConvNet on 40 synthetic 12x12 images of 4 classes: 5 steps of batch 8 per epoch, each in
-// two micro-batches of 4.
-train::Config small_cnn() {
-  train::Config c;
-  c.data = "synthetic";
-  c.synthetic_size = 40;
-  c.synthetic_classes = 4;
-  c.image_size = 12;
-  c.arch = "cnn";
-  c.batch = 8;
-  c.micro_batch = 4;
-  c.epochs = 2;
-  c.workers = 1;
-  c.seed = 3;
-  c.lr = 0.05;
-  c.quiet = true;
-  return c;
-}
 
 // small_cnn()'s longest sum has 128 * 3 * 3 = 1152 terms (the input gradient of the last
 // convolution, 128 channels of 3x3): two kernels that order its sums differently give
@@ -93,52 +60,35 @@ train::Config small_cnn() {
 // within 1.4e-5, weights within 2.2e-5 normwise, after 10 steps.)
 constexpr double kSmallCnnSums = kiln::testing::summation_bound(128 * 3 * 3);
 
-train::Result run(const train::Config& c) {
-  std::ostringstream out;
-  return train::run(c, out);
-}
-
-// Same names, dtypes, shapes and bytes.
-void require_bitwise_equal(const StateDict& actual, const StateDict& expected) {
-  REQUIRE(actual.size() == expected.size());
-  for (const auto& [name, e] : expected) {
-    INFO("tensor " << name);
-    auto it = actual.find(name);
-    REQUIRE(it != actual.end());
-    const Tensor a = it->second.contiguous(), x = e.contiguous();
-    REQUIRE(a.dtype() == x.dtype());
-    REQUIRE(a.shape() == x.shape());
-    CHECK(std::memcmp(a.data_ptr(), x.data_ptr(), a.numel() * a.itemsize()) == 0);
-  }
-}
-
-// Step losses and epoch records, exactly, but for images/s (a timing).
-void require_same_history(const train::Result& actual, const train::Result& expected) {
-  CHECK(actual.step_losses == expected.step_losses);
-  REQUIRE(actual.epochs.size() == expected.epochs.size());
-  for (size_t i = 0; i < expected.epochs.size(); ++i) {
-    INFO("epoch record " << i);
-    const train::EpochRecord &a = actual.epochs[i], &e = expected.epochs[i];
-    CHECK(a.epoch == e.epoch);
-    CHECK(a.train_loss == e.train_loss);
-    CHECK(a.train_accuracy == e.train_accuracy);
-    CHECK(a.val_loss == e.val_loss);
-    CHECK(a.val_accuracy == e.val_accuracy);
-  }
-}
-
-std::string read_text(const fs::path& path) {
-  std::ifstream f(path);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
-
 std::vector<std::string> read_lines(const fs::path& path) {
   std::ifstream f(path);
   std::vector<std::string> lines;
   for (std::string line; std::getline(f, line);) lines.push_back(line);
   return lines;
+}
+
+// An image folder, DIR/train/{a,b}/<i>.jpg for i < per_class, of 16x16 RGB JPEGs (or of
+// side_of(class, i) pixels square), and a run that trains an MLP on it at 16x16, batch 4.
+train::Config mlp_on_image_folder(const fs::path& dir, int per_class,
+                                  const std::function<int64_t(const std::string&, int)>& side_of = {}) {
+  for (const std::string cls : {"a", "b"}) {
+    fs::create_directories(dir / "train" / cls);
+    for (int i = 0; i < per_class; ++i) {
+      const int64_t side = side_of ? side_of(cls, i) : 16;
+      data::Image image(side, side, 3);
+      for (size_t k = 0; k < image.pixels.size(); ++k) image.pixels[k] = static_cast<uint8_t>((k * 7 + i) % 256);
+      data::write_jpeg(dir / "train" / cls / fmt::format("{}.jpg", i), image);
+    }
+  }
+  train::Config c;
+  c.data = dir.string();
+  c.arch = "mlp";
+  c.image_size = 16;
+  c.batch = 4;
+  c.epochs = 1;
+  c.workers = 2;
+  c.quiet = true;
+  return c;
 }
 
 // Interrupts `c` after `stop_after` steps, then resumes it (with `resume_workers` loader
@@ -521,28 +471,9 @@ TEST_CASE("trainer: a small CNN reaches 90 percent validation accuracy on shapes
 
 TEST_CASE("trainer: a corrupt image stops the run naming it or is skipped and counted", "[trainer]") {
   TempDir dir;
-  // An image folder of two classes, 6 images each, 16x16, one of them corrupt.
-  for (const char* cls : {"a", "b"}) {
-    fs::create_directories(dir.path() / "train" / cls);
-    for (int i = 0; i < 6; ++i) {
-      data::Image image(16, 16, 3);
-      for (size_t k = 0; k < image.pixels.size(); ++k) image.pixels[k] = static_cast<uint8_t>((k * 7 + i) % 256);
-      data::write_jpeg(dir.path() / "train" / cls / fmt::format("{}.jpg", i), image);
-    }
-  }
-  const fs::path corrupt = dir.path() / "train" / "b" / "3.jpg";
-  {
-    std::ofstream f(corrupt, std::ios::trunc | std::ios::binary);
-    f << "not a jpeg at all";
-  }
-  train::Config c;
-  c.data = dir.path().string();
-  c.arch = "mlp";
-  c.image_size = 16;
-  c.batch = 4;
-  c.epochs = 1;
-  c.workers = 2;
-  c.quiet = true;
+  // Two classes of 6 images each, one of them corrupt.
+  train::Config c = mlp_on_image_folder(dir.path(), 6);
+  std::ofstream(dir.path() / "train" / "b" / "3.jpg", std::ios::trunc | std::ios::binary) << "not a jpeg at all";
   REQUIRE_THROWS_WITH(run(c), Contains("3.jpg"));
   c.skip_bad_images = true;
   const train::Result result = run(c);
@@ -553,23 +484,8 @@ TEST_CASE("trainer: a corrupt image stops the run naming it or is skipped and co
 TEST_CASE("trainer: --max-image-pixels refuses larger images, or skips and counts them", "[trainer]") {
   TempDir dir;
   // Two classes of six 16x16 images, one of them 32x32: over a limit of 16 * 16 pixels.
-  for (const char* cls : {"a", "b"}) {
-    fs::create_directories(dir.path() / "train" / cls);
-    for (int i = 0; i < 6; ++i) {
-      const int64_t side = std::string(cls) == "a" && i == 2 ? 32 : 16;
-      data::Image image(side, side, 3);
-      for (size_t k = 0; k < image.pixels.size(); ++k) image.pixels[k] = static_cast<uint8_t>((k * 5 + i) % 256);
-      data::write_jpeg(dir.path() / "train" / cls / fmt::format("{}.jpg", i), image);
-    }
-  }
-  train::Config c;
-  c.data = dir.path().string();
-  c.arch = "mlp";
-  c.image_size = 16;
-  c.batch = 4;
-  c.epochs = 1;
-  c.workers = 2;
-  c.quiet = true;
+  train::Config c =
+      mlp_on_image_folder(dir.path(), 6, [](const std::string& cls, int i) { return cls == "a" && i == 2 ? 32 : 16; });
   c.max_image_pixels = 16 * 16;
   REQUIRE_THROWS_WITH(run(c), Contains("2.jpg") && Contains("larger than the limit of 256 pixels"));
   c.skip_bad_images = true;
@@ -767,22 +683,9 @@ TEST_CASE("trainer: --nesterov trains with Nesterov momentum", "[trainer]") {
 TEST_CASE("trainer: --pad pads the images with black instead of resizing them", "[trainer]") {
   // An MLP's first layer shows the size the model sees: 3 x (16 + 2 * 2)^2 inputs.
   TempDir dir;
-  for (const char* cls : {"a", "b"}) {
-    fs::create_directories(dir.path() / "train" / cls);
-    for (int i = 0; i < 2; ++i) {
-      data::Image image(16, 16, 3);
-      for (uint8_t& p : image.pixels) p = 200;
-      data::write_jpeg(dir.path() / "train" / cls / fmt::format("{}.jpg", i), image);
-    }
-  }
-  train::Config c;
-  c.data = dir.path().string();
-  c.arch = "mlp";
-  c.image_size = 16;
+  train::Config c = mlp_on_image_folder(dir.path(), 2);
   c.pad = 2;
-  c.batch = 4;
   c.workers = 0;
-  c.quiet = true;
   const train::Result padded = run(c);
   CHECK(padded.model.at("0.weight").shape() == Shape{256, 3 * 20 * 20});
   if (fs::exists(data::kFashionMnistDir)) {

@@ -1,0 +1,102 @@
+#pragma once
+// What the kiln-train engine's tests share: a scratch folder, the small run most of them
+// train, and exact comparisons of two runs' results.
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "testing.h"
+#include "tools/trainer.h"
+
+namespace kiln::testing {
+
+// A fresh folder under the system's temporary directory, removed with everything in it.
+class TempDir {
+ public:
+  TempDir() {
+    static std::atomic<int> counter{0};
+    path_ = std::filesystem::temp_directory_path() /
+            ("kiln-tools-test-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
+    std::filesystem::remove_all(path_);
+    std::filesystem::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+// A ConvNet on 40 synthetic 12x12 images of 4 classes: 5 steps of batch 8 per epoch, each in
+// two micro-batches of 4, for 2 epochs.
+inline train::Config small_cnn() {
+  train::Config c;
+  c.data = "synthetic";
+  c.synthetic_size = 40;
+  c.synthetic_classes = 4;
+  c.image_size = 12;
+  c.arch = "cnn";
+  c.batch = 8;
+  c.micro_batch = 4;
+  c.epochs = 2;
+  c.workers = 1;
+  c.seed = 3;
+  c.lr = 0.05;
+  c.quiet = true;
+  return c;
+}
+
+// train::run with its printing discarded.
+inline train::Result run(const train::Config& c) {
+  std::ostringstream out;
+  return train::run(c, out);
+}
+
+// Same names, dtypes, shapes and bytes.
+inline void require_bitwise_equal(const StateDict& actual, const StateDict& expected) {
+  REQUIRE(actual.size() == expected.size());
+  for (const auto& [name, e] : expected) {
+    INFO("tensor " << name);
+    auto it = actual.find(name);
+    REQUIRE(it != actual.end());
+    const Tensor a = it->second.contiguous(), x = e.contiguous();
+    REQUIRE(a.dtype() == x.dtype());
+    REQUIRE(a.shape() == x.shape());
+    CHECK(std::memcmp(a.data_ptr(), x.data_ptr(), a.numel() * a.itemsize()) == 0);
+  }
+}
+
+// Step losses and epoch records, exactly, but for images/s (a timing).
+inline void require_same_history(const train::Result& actual, const train::Result& expected) {
+  CHECK(actual.step_losses == expected.step_losses);
+  REQUIRE(actual.epochs.size() == expected.epochs.size());
+  for (size_t i = 0; i < expected.epochs.size(); ++i) {
+    INFO("epoch record " << i);
+    const train::EpochRecord &a = actual.epochs[i], &e = expected.epochs[i];
+    CHECK(a.epoch == e.epoch);
+    CHECK(a.train_loss == e.train_loss);
+    CHECK(a.train_accuracy == e.train_accuracy);
+    CHECK(a.val_loss == e.val_loss);
+    CHECK(a.val_accuracy == e.val_accuracy);
+  }
+}
+
+// The whole file as text ("" when it cannot be read).
+inline std::string read_text(const std::filesystem::path& path) {
+  std::ifstream f(path);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+}  // namespace kiln::testing
