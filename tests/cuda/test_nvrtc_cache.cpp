@@ -13,6 +13,7 @@
 #include "compiler/compiler_testing.h"
 #include "core/disk_cache.h"
 #include "kernels/cuda/nvrtc.h"
+#include "stderr_capture.h"
 #include "testing.h"
 
 using namespace kiln;
@@ -29,29 +30,7 @@ const char* kSource =
 }
 )";
 
-// What is written to stderr (file descriptor 2) while it lives.
-struct StderrCapture {
-  disk_cache::ScratchDir dir{"test"};
-  int saved = -1;
-  StderrCapture() {
-    std::fflush(stderr);
-    saved = dup(2);
-    const int fd = open((dir.path() / "stderr").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    dup2(fd, 2);
-    close(fd);
-  }
-  std::string text() {
-    std::fflush(stderr);
-    return disk_cache::read_file(dir.path() / "stderr");
-  }
-  ~StderrCapture() {
-    std::fflush(stderr);
-    dup2(saved, 2);
-    close(saved);
-  }
-  StderrCapture(const StderrCapture&) = delete;
-  StderrCapture& operator=(const StderrCapture&) = delete;
-};
+using kiln::testing::StderrCapture;
 
 void replace_file(const fs::path& path, const std::string& bytes) {
   fs::remove(path);

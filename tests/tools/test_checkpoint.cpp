@@ -33,12 +33,7 @@ using namespace kiln;
 using Catch::Matchers::Contains;
 namespace fs = std::filesystem;
 namespace train = kiln::train;
-using kiln::testing::read_text;
-using kiln::testing::require_bitwise_equal;
-using kiln::testing::require_same_history;
-using kiln::testing::run;
-using kiln::testing::small_cnn;
-using kiln::testing::TempDir;
+using namespace kiln::testing;  // tools/trainer_testing.h
 
 namespace {
 
