@@ -39,8 +39,9 @@ void check_image_size(int64_t height, int64_t width, std::string_view what) {
   int64_t pixels = 0;
   const bool overflow = __builtin_mul_overflow(height, width, &pixels);
   if (overflow || pixels > limit)
-    fail("{}: a {}x{} image ({} pixels) is larger than the limit of {} pixels (data::set_max_image_pixels)", what,
-         height, width, overflow ? "too many" : std::to_string(pixels), limit);
+    throw ImageTooLarge(fmt::format(
+        "{}: a {}x{} image ({} pixels) is larger than the limit of {} pixels (data::set_max_image_pixels)", what,
+        height, width, overflow ? "too many" : std::to_string(pixels), limit));
 }
 
 Image::Image(int64_t height, int64_t width, int64_t channels)

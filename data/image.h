@@ -10,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/error.h"
 #include "core/tensor.h"
 
 namespace kiln::data {
@@ -26,8 +27,16 @@ int64_t max_image_pixels();
 // Sets the limit (>= 1) for the whole process: every later decode and transform, in every
 // thread, checks against it.
 void set_max_image_pixels(int64_t pixels);
-// Throws a kiln::Error starting with `what` (an op and, where there is one, a file) when an
-// image of height x width is larger than max_image_pixels(), or has a negative side.
+// What check_image_size throws for an image over the limit: a property of one image (its
+// header, or what a transform would make of its shape), so a data set reports it as a bad
+// sample that --skip-bad-images may skip, unlike an error in the pipeline's settings.
+class ImageTooLarge : public Error {
+ public:
+  using Error::Error;
+};
+// Throws ImageTooLarge, starting with `what` (an op and, where there is one, a file), when
+// an image of height x width is larger than max_image_pixels(); a kiln::Error for a
+// negative side.
 void check_image_size(int64_t height, int64_t width, std::string_view what);
 
 struct Image {

@@ -86,7 +86,12 @@ Sample ImageFolder::get(int64_t index, SampleRng& rng) const {
   }
   if (sample_shape_.size() == 3 && (sample_shape_[0] == 1 || sample_shape_[0] == 3))
     image = with_channels(std::move(image), sample_shape_[0]);
-  Tensor input = transforms_(image, rng);
+  Tensor input;
+  try {
+    input = transforms_(image, rng);
+  } catch (const ImageTooLarge& e) {  // a 65500x1 strip resized to 512 high, say
+    throw BadSample(fmt::format("ImageFolder: sample {} ({}): {}", index, path.string(), e.what()));
+  }
   KILN_CHECK(input.shape() == sample_shape_,
              "ImageFolder: the transforms made {} ({}x{}x{}) into {}, not the sample_shape {}; "
              "add resize / center_crop steps that give that size",

@@ -175,6 +175,30 @@ TEST_CASE("ImageFolder makes corrupt entropy data and oversized JPEGs BadSamples
   CHECK(loader.skipped() == 2);
 }
 
+TEST_CASE("ImageFolder makes an image that a transform would blow up over the limit a BadSample", "[images]") {
+  // A 1000x2 strip decodes within a limit of 100,000 pixels, but resize(64), the short side
+  // to 64, would make it 32000x64: a property of that image, which the loader may skip.
+  TempFolder folder;
+  write_animals(folder.path);
+  const fs::path strip = folder.path / "ant" / "strip.jpg";
+  Image image(1000, 2, 3);
+  write_jpeg(strip, image);
+  const int64_t saved = max_image_pixels();
+  set_max_image_pixels(100000);
+  const auto images = std::make_shared<ImageFolder>(
+      folder.path, Transforms{.steps = {resize(64), center_crop(64)}}, std::vector<int64_t>{3, 64, 64});
+  REQUIRE(images->file(0) == strip);
+  SampleRng rng(0, 0, 0);
+  CHECK_THAT(error_of<BadSample>([&] { images->get(0, rng); }),
+             Catch::Contains(strip.string()) && Catch::Contains("32000x64") && Catch::Contains("limit"));
+  Loader loader(images, {.batch_size = 8, .skip_bad_samples = true});
+  int64_t samples = 0;
+  for (Batch& batch : loader.epoch(0)) samples += batch.input.shape()[0];
+  set_max_image_pixels(saved);
+  CHECK(samples == 4);
+  CHECK(loader.skipped() == 1);
+}
+
 TEST_CASE("ImageFolder reports a shape the transforms do not produce", "[images]") {
   TempFolder folder;
   write_animals(folder.path);
