@@ -427,10 +427,7 @@ Result run(const Config& c, std::ostream& out) {
              "training", c.arch);
   TrainingState state;
   if (c.resume) {
-    state = load_checkpoint(c, per_epoch, *model, *optimizer);
-    KILN_CHECK(state.fingerprint == fingerprint(c),
-               "kiln-train: --resume: the checkpoint in {} was made with other settings ({}); now {}",
-               c.checkpoint_dir.string(), state.fingerprint, fingerprint(c));
+    state = load_checkpoint(c, per_epoch, *model, *optimizer);  // checks the fingerprint first
     scheduler.set_step(state.step);
     micro = state.micro_batch;
     result.epochs = state.epochs;
@@ -528,7 +525,7 @@ Result run(const Config& c, std::ostream& out) {
       scheduler.step();
       ++step;
       ++steps_this_run;
-      ++batch_index;
+      batch_index = batch.index + 1;  // the loader's position: a batch of bad images only is skipped
       loss_sum += s.loss * s.samples;
       correct += s.correct;
       seen += s.samples;

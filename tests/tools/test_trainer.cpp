@@ -476,6 +476,34 @@ TEST_CASE("trainer: a corrupt image stops the run naming it or is skipped and co
   CHECK(result.steps == 3);
 }
 
+TEST_CASE("trainer: a run that skipped whole batches of bad images resumes where it stopped", "[trainer]") {
+  // Batch 1: each bad image is a whole batch the loader skips, so the epoch's position runs
+  // ahead of the number of steps taken; a resume must continue from the loader's position.
+  TempDir dir;
+  train::Config c = mlp_on_image_folder(dir.path(), 4);
+  for (const char* bad : {"a/1.jpg", "a/2.jpg", "b/0.jpg"})
+    std::ofstream(dir.path() / "train" / bad, std::ios::trunc | std::ios::binary) << "not a jpeg";
+  c.batch = 1;
+  c.workers = 0;
+  c.skip_bad_images = true;
+  const train::Result reference = run(c);
+  REQUIRE(reference.skipped == 3);
+  for (const int64_t stop_after : {1, 2, 3, 4}) {
+    INFO("stopped after " << stop_after << " steps");
+    TempDir ckpt;
+    train::Config first = c;
+    first.checkpoint_dir = ckpt.path();
+    first.stop_after_steps = stop_after;
+    REQUIRE(run(first).interrupted);
+    train::Config rest = c;
+    rest.checkpoint_dir = ckpt.path();
+    rest.resume = true;
+    const train::Result resumed = run(rest);
+    require_bitwise_equal(resumed.model, reference.model);
+    CHECK(resumed.step_losses == reference.step_losses);
+  }
+}
+
 TEST_CASE("trainer: --max-image-pixels refuses larger images, or skips and counts them", "[trainer]") {
   TempDir dir;
   // Two classes of six 16x16 images, one of them 32x32: over a limit of 16 * 16 pixels.
