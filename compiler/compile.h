@@ -87,14 +87,14 @@ struct CompileOptions {
   // generated backend also NNN-simplified.ir, NNN-passes.txt (the passes' timing table),
   // NNN-fused.txt (the program's steps), NNN-kernels.txt (each kernel's IR) and
   // NNN-source.cpp (the generated C++). Empty: $KILN_DUMP when set, else no dumps.
-  std::filesystem::path dump_dir;
+  std::filesystem::path dump_dir{};
   // Past this many recompiles a warning naming what changed is printed once to stderr.
   int64_t recompile_limit = 8;
   // At most this many cached graphs (and graph breaks); past it, a call that matches none
   // runs fn eagerly without tracing (eager_fallbacks() counts them; a warning once).
   int64_t cache_limit = 32;
   // Names for captured tensors (model.named_parameters(), ...), used in graphs and messages.
-  TraceOptions trace;
+  TraceOptions trace{};
   // Where the layout pass runs convolutions channels-last (compiler/passes/passes.h):
   // automatic (the CPU's convolution regions), keep, or channels_last (every device).
   LayoutPolicy layout = LayoutPolicy::automatic;
@@ -103,7 +103,7 @@ struct CompileOptions {
   bool profile = false;
   // For tests of mode reduce-overhead on machines without a GPU: what captures and replays
   // the programs instead of CUDA graphs (compiler/cuda_graph.h), on any device. Unset: CUDA.
-  std::function<std::unique_ptr<GraphRecorder>()> graph_recorder;
+  std::function<std::unique_ptr<GraphRecorder>()> graph_recorder{};
 };
 
 // What mode reduce-overhead did: graphs captured (recaptures included), replays, runs of a

@@ -76,7 +76,7 @@ using TracedFunction = std::function<std::vector<Tensor>(const std::vector<Tenso
 
 struct TraceOptions {
   // Names for captured tensors, by identity: model.named_parameters(), optimizer state...
-  std::map<const TensorImpl*, std::string> names;
+  std::map<const TensorImpl*, std::string> names{};
   // A refusal ends recording instead of throwing (fn still runs once, fully, eagerly).
   bool allow_break = false;
   // With allow_break: after the break, record the rest of the call piece by piece, as a

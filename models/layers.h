@@ -71,7 +71,7 @@ class Conv2d : public Module {
 };
 
 struct EmbeddingOptions {
-  std::optional<int64_t> padding_idx;  // negative counts from the end
+  std::optional<int64_t> padding_idx = std::nullopt;  // negative counts from the end
 };
 
 // A lookup table of num_embeddings rows of size embedding_dim, initialized N(0, 1) (the
@@ -134,7 +134,7 @@ class Dropout : public Module {
 };
 
 struct MaxPool2dOptions {
-  std::optional<Int2> stride;  // the kernel size when unset
+  std::optional<Int2> stride = std::nullopt;  // the kernel size when unset
   Int2 padding = 0;
   Int2 dilation = 1;
   bool ceil_mode = false;
@@ -152,11 +152,11 @@ class MaxPool2d : public Module {
 };
 
 struct AvgPool2dOptions {
-  std::optional<Int2> stride;  // the kernel size when unset
+  std::optional<Int2> stride = std::nullopt;  // the kernel size when unset
   Int2 padding = 0;
   bool ceil_mode = false;
   bool count_include_pad = true;
-  std::optional<int64_t> divisor_override;
+  std::optional<int64_t> divisor_override = std::nullopt;
 };
 
 class AvgPool2d : public Module {

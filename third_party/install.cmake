@@ -1,4 +1,7 @@
-# `cmake --install` gives a CMake package: find_package(kiln) then link kiln::kiln.
+# Two CMake packages, both used as find_package(kiln) then kiln::kiln: the installed one
+# (`cmake --install build --prefix DIR`, then CMAKE_PREFIX_PATH=DIR) and the build tree
+# itself (kiln_DIR=build), whose kilnTargets.cmake names the build's library and the
+# source tree's headers.
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
@@ -12,6 +15,7 @@ foreach(layer core core/ops kernels autograd models optim data compiler compiler
   install(FILES ${headers} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/kiln/${layer})
 endforeach()
 install(EXPORT kilnTargets NAMESPACE kiln:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/kiln)
+export(EXPORT kilnTargets NAMESPACE kiln:: FILE ${PROJECT_BINARY_DIR}/kilnTargets.cmake)
 configure_package_config_file(${PROJECT_SOURCE_DIR}/third_party/kilnConfig.cmake.in
   ${PROJECT_BINARY_DIR}/kilnConfig.cmake INSTALL_DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/kiln)
 write_basic_package_version_file(${PROJECT_BINARY_DIR}/kilnConfigVersion.cmake

@@ -11,8 +11,8 @@ namespace kiln {
 // Options of a new tensor: `zeros({2, 3}, {.dtype = DType::f64})`. Without a dtype,
 // factories use f32 (arange and from_vector infer it from their values).
 struct TensorOptions {
-  std::optional<DType> dtype;
-  std::optional<Device> device;  // cpu unless set (the _like forms: the tensor's)
+  std::optional<DType> dtype = std::nullopt;
+  std::optional<Device> device = std::nullopt;  // cpu unless set (the _like forms: the tensor's)
   bool requires_grad = false;
 };
 

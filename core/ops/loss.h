@@ -17,13 +17,13 @@
 namespace kiln {
 
 struct NllLossOptions {
-  Tensor weight;  // [C]; undefined for none
+  Tensor weight{};  // [C]; undefined for none
   int64_t ignore_index = -100;
   std::string reduction = "mean";
 };
 
 struct CrossEntropyOptions {
-  Tensor weight;  // [C]; undefined for none
+  Tensor weight{};  // [C]; undefined for none
   int64_t ignore_index = -100;
   std::string reduction = "mean";
   double label_smoothing = 0.0;  // in [0, 1]

@@ -242,6 +242,9 @@ Tensor std(const Tensor& x, const DimList& dims, double correction, bool keepdim
   a.set("correction", correction);
   return call_op1(kStd, {x}, a);
 }
+Tensor std_dev(const Tensor& x, const DimList& dims, double correction, bool keepdim) {
+  return kiln::std(x, dims, correction, keepdim);
+}
 Tensor logsumexp(const Tensor& x, const DimList& dims, bool keepdim) {
   return call_op1(kLogsumexp, {x}, dims_attrs(dims, keepdim));
 }

@@ -51,6 +51,10 @@ Tensor argmin(const Tensor& x, std::optional<int64_t> dim = std::nullopt, bool k
 Tensor var(const Tensor& x, const DimList& dims = {}, double correction = 1, bool keepdim = false);
 // Standard deviation: sqrt(var(x, dims, correction, keepdim)).
 Tensor std(const Tensor& x, const DimList& dims = {}, double correction = 1, bool keepdim = false);
+// kiln::std under a name that works unqualified: with `using namespace kiln`, `std(x)` is
+// ambiguous (it also names namespace std), so call `std_dev(x)` or `kiln::std(x)`.
+Tensor std_dev(const Tensor& x, const DimList& dims = {}, double correction = 1,
+               bool keepdim = false);
 // log(sum(exp(x))) over `dims`, computed after subtracting the max; integer inputs give f32.
 Tensor logsumexp(const Tensor& x, const DimList& dims = {}, bool keepdim = false);
 // Whether every element over `dims` is nonzero; bool result for any input dtype.
