@@ -215,9 +215,7 @@ void Program::plan_in_place() {
         continue;
       }
     }
-    const OpDef* twin = nullptr;
-    for (const OpDef* def : all_ops())
-      if (def->name == node.op + "_" && def->mutates_inputs()) twin = def;
+    const OpDef* twin = find_op(node.op).in_place_twin;  // sgd_update -> sgd_update_
     if (!twin) continue;
     // The pure op's outputs are the new values of the twin's mutated inputs that are given,
     // in order: each must be written back to exactly that input, read by no later step.

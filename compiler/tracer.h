@@ -279,7 +279,7 @@ class Tracer {
   void record(const OpCall& call) {
     const OpDef& op = call.op;
     if (updates_running_stats(call)) return record_batch_norm_training(call);
-    if (const char* pure = pure_twin_of(op.name)) return record_update_in_place(call, pure);
+    if (!op.pure_twin.empty()) return record_update_in_place(call, op.pure_twin.c_str());
     refuse_mutation(call);
     const Tensor* target = call.inplace ? &call.outputs[0] : nullptr;
     if (target)
@@ -449,17 +449,6 @@ class Tracer {
       if (stat_input.defined()) trace_.graph.add_write_back(stat_input, updated[k]);
     }
     record_outputs(call, outs);
-  }
-
-  // Ops whose kernel writes their mutated inputs with no outputs of their own (an
-  // optimizer's update of one parameter, or of a group's parameters), and the pure op that
-  // returns the new values of the given mutated inputs, in input order, from the same inputs.
-  static const char* pure_twin_of(const std::string& op) {
-    if (op == "sgd_update_") return "sgd_update";
-    if (op == "adamw_update_") return "adamw_update";
-    if (op == "sgd_update_multi_") return "sgd_update_multi";
-    if (op == "adamw_update_multi_") return "adamw_update_multi";
-    return nullptr;
   }
 
   // Recorded as the pure twin over the same inputs, then its results as the new content of

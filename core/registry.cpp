@@ -127,10 +127,19 @@ const OpDef& define_op(OpDef def) {
   KILN_CHECK(def.infer, "define_op: op '{}' has no shape rule", def.name);
   KILN_CHECK(def.kind != OpKind::view || def.view, "define_op: view op '{}' has no view function",
              def.name);
+  KILN_CHECK(!def.in_place_twin, "define_op: op '{}': in_place_twin is set by the registry", def.name);
+  KILN_CHECK(def.pure_twin.empty() || def.mutates_inputs(), "define_op: op '{}' has a pure twin but mutates nothing",
+             def.name);
   def.kernels = e.kernels;  // kernels may have registered first
   def.backward = e.backward;
   def.backward_reads_inputs = e.backward_reads_inputs;
+  def.in_place_twin = e.in_place_twin;  // the in-place twin may have been defined first
   e = std::move(def);
+  if (!e.pure_twin.empty()) {
+    OpDef& pure = r.entry(e.pure_twin);
+    KILN_CHECK(!pure.in_place_twin, "define_op: op '{}' is the pure twin of two ops", e.pure_twin);
+    pure.in_place_twin = &e;
+  }
   return e;
 }
 

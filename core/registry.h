@@ -122,6 +122,14 @@ struct OpDef {
   // when it has the product's shape, conv2d_backward_weight's gradient to add to.
   int (*accumulator)(std::span<const TensorMeta> in) = nullptr;
   int accumulator_input(std::span<const TensorMeta> in) const { return accumulator ? accumulator(in) : -1; }
+  // For an op that writes its mutated inputs and returns nothing of its own (an optimizer's
+  // update, `sgd_update_`): its pure twin, which takes the same inputs and attributes and
+  // returns the new values of the given mutated inputs, in input order (`sgd_update`). The
+  // tracer records the pure twin (the graph has no mutation); a compiled program runs the
+  // in-place op where the write-backs allow.
+  std::string pure_twin;
+  // Set by the registry on the pure twin: the op whose pure_twin it is.
+  const OpDef* in_place_twin = nullptr;
   std::array<KernelFn, kNumDeviceTypes> kernels{};
   const BackwardFormula* backward = nullptr;  // set by autograd/
   bool backward_reads_inputs = false;         // the formula needs the inputs' values

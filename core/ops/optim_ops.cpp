@@ -111,10 +111,10 @@ std::vector<TensorMeta> infer_adamw_update(std::span<const TensorMeta> in, const
 }
 
 const OpDef& kSGDUpdateInPlace =
-    define_op({.name = "sgd_update_", .infer = infer_sgd_update_, .mutated_inputs = {0, 2}});
+    define_op({.name = "sgd_update_", .infer = infer_sgd_update_, .mutated_inputs = {0, 2}, .pure_twin = "sgd_update"});
 const OpDef& kSGDUpdate = define_op({.name = "sgd_update", .infer = infer_sgd_update});
 const OpDef& kAdamWUpdateInPlace = define_op(
-    {.name = "adamw_update_", .infer = infer_adamw_update_, .mutated_inputs = {0, 2, 3, 4}});
+    {.name = "adamw_update_", .infer = infer_adamw_update_, .mutated_inputs = {0, 2, 3, 4}, .pure_twin = "adamw_update"});
 const OpDef& kAdamWUpdate = define_op({.name = "adamw_update", .infer = infer_adamw_update});
 
 std::vector<Tensor> sgd_inputs(const Tensor& param, const Tensor& grad, const Tensor& buffer,
@@ -223,11 +223,13 @@ std::vector<TensorMeta> infer_adamw_update_multi(std::span<const TensorMeta> in,
 }
 
 const OpDef& kSGDUpdateMultiInPlace = define_op(
-    {.name = "sgd_update_multi_", .infer = infer_sgd_update_multi_, .mutated_inputs_of = sgd_multi_mutated});
+    {.name = "sgd_update_multi_", .infer = infer_sgd_update_multi_, .mutated_inputs_of = sgd_multi_mutated,
+     .pure_twin = "sgd_update_multi"});
 const OpDef& kSGDUpdateMulti = define_op({.name = "sgd_update_multi", .infer = infer_sgd_update_multi});
 const OpDef& kAdamWUpdateMultiInPlace = define_op({.name = "adamw_update_multi_",
                                                    .infer = infer_adamw_update_multi_,
-                                                   .mutated_inputs_of = adamw_multi_mutated});
+                                                   .mutated_inputs_of = adamw_multi_mutated,
+                                                   .pure_twin = "adamw_update_multi"});
 const OpDef& kAdamWUpdateMulti = define_op({.name = "adamw_update_multi", .infer = infer_adamw_update_multi});
 
 // The flat input list of a multi call; a length mismatch between the spans is the caller's.

@@ -168,3 +168,23 @@ TEST_CASE("every compute op has a CPU kernel", "[registry]") {
     if (op->kind == OpKind::compute) CHECK(op->kernels[static_cast<int>(DeviceType::cpu)] != nullptr);
   }
 }
+
+TEST_CASE("in-place and pure twins are facts of their registry entries, both ways", "[registry]") {
+  // The tracer records an in-place optimizer update as its pure twin; a compiled program
+  // finds the in-place op again through the pure one. Both read the entries, not names.
+  int pairs = 0;
+  for (const OpDef* op : all_ops()) {
+    INFO(op->name);
+    if (!op->pure_twin.empty()) {
+      ++pairs;
+      CHECK(op->mutates_inputs());
+      const OpDef& pure = find_op(op->pure_twin);
+      CHECK(pure.in_place_twin == op);
+      CHECK_FALSE(pure.mutates_inputs());
+    }
+    if (op->in_place_twin) CHECK(op->in_place_twin->pure_twin == op->name);
+  }
+  CHECK(pairs == 4);  // sgd_update_, adamw_update_ and their multi-tensor forms
+  CHECK(find_op("sgd_update").in_place_twin == &find_op("sgd_update_"));
+  CHECK(find_op("add").in_place_twin == nullptr);  // add_ is add's out= form, not a twin
+}
