@@ -19,7 +19,6 @@
 namespace kiln::testing {
 
 inline constexpr double kF32Roundoff = 0x1p-24;
-inline constexpr double kF64Roundoff = 0x1p-53;
 
 // gamma(n) for unit roundoff u.
 constexpr double sum_error_bound(int64_t n, double u = kF32Roundoff) {

@@ -233,8 +233,8 @@ void check_stored_state(const TrainingState& s, const Config& c, int64_t per_epo
   KILN_CHECK(!batch_norm || s.micro_batch >= 2,
              "{} \"micro_batch\" = {}: {} has batch norm, which needs at least 2 samples per micro-batch", where,
              s.micro_batch, c.arch);
-  const int64_t total_steps = c.steps > 0 ? c.steps : c.epochs * per_epoch;
-  const int64_t epochs = c.steps > 0 ? (per_epoch > 0 ? (c.steps + per_epoch - 1) / per_epoch : 0) : c.epochs;
+  const RunLength length = run_length(c, per_epoch);
+  const int64_t total_steps = length.steps, epochs = length.epochs;
   KILN_CHECK(s.step >= 0 && s.step <= total_steps, "{} \"step\" = {} is outside the run's [0, {}]", where, s.step,
              total_steps);
   KILN_CHECK(s.epoch >= 0 && s.epoch <= epochs, "{} \"epoch\" = {} is outside the run's [0, {}]", where, s.epoch,

@@ -241,6 +241,16 @@ std::string json_number(double v) { return std::isfinite(v) ? fmt::format("{}", 
 
 void request_stop() { stop_requested.store(true); }
 
+RunLength run_length(const Config& c, int64_t per_epoch) {
+  KILN_CHECK(per_epoch > 0, "kiln-train: an epoch of {} batches", per_epoch);
+  RunLength r{c.steps, c.epochs};
+  if (c.steps > 0) r.epochs = c.steps / per_epoch + (c.steps % per_epoch != 0);
+  else
+    KILN_CHECK(!__builtin_mul_overflow(c.epochs, per_epoch, &r.steps),
+               "kiln-train: --epochs {} of {} steps each: more steps than can be counted", c.epochs, per_epoch);
+  return r;
+}
+
 bool has_batch_norm(nn::Module& model) {
   bool found = false;
   model.apply([&](nn::Module& m) { found = found || m.type_name().starts_with("BatchNorm"); });
@@ -415,10 +425,8 @@ Result run(const Config& c, std::ostream& out) {
              drop_last ? fmt::format(" with drop_last ({} has batch norm, which cannot train on a batch of 1 sample, "
                                      "so a last batch of 1 is dropped)", c.arch)
                        : std::string());
-  int64_t total_steps = c.steps;
-  KILN_CHECK(c.steps > 0 || !__builtin_mul_overflow(c.epochs, per_epoch, &total_steps),
-             "kiln-train: --epochs {} of {} steps each: more steps than can be counted", c.epochs, per_epoch);
-  const int64_t epochs = c.steps > 0 ? c.steps / per_epoch + (c.steps % per_epoch != 0) : c.epochs;
+  const RunLength length = run_length(c, per_epoch);
+  const int64_t total_steps = length.steps, epochs = length.epochs;
   optim::Scheduler scheduler(*optimizer, make_schedule(c, total_steps));
 
   int64_t micro = c.micro_batch > 0 ? c.micro_batch : c.batch;

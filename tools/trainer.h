@@ -125,6 +125,14 @@ std::shared_ptr<nn::Module> make_model(const std::string& arch, int64_t classes,
 // Whether the model holds a batch norm layer (which needs 2+ samples per micro-batch).
 bool has_batch_norm(nn::Module& model);
 
+// How long a run of `config` is with `per_epoch` (> 0) batches an epoch: --steps, or
+// --epochs of per_epoch steps; and the epochs that takes. A count that overflows is an error.
+struct RunLength {
+  int64_t steps = 0;
+  int64_t epochs = 0;
+};
+RunLength run_length(const Config& config, int64_t per_epoch);
+
 // One optimizer step on a global batch, cut into balanced micro-batches of at most
 // accumulation's micro_batch samples (optim::balanced_sizes): returns
 // the global batch's mean loss and the number of correct top-1 predictions.

@@ -5,8 +5,8 @@
 
 #include <filesystem>
 #include <fstream>
-#include <random>
 
+#include "core/disk_cache.h"
 #include "core/fifo_testing.h"
 #include "core/regular_file.h"
 #include "testing.h"
@@ -15,18 +15,10 @@ using namespace kiln;
 
 namespace {
 
+// A private scratch folder, removed with its contents.
 struct TempDir {
-  std::filesystem::path path;
-  TempDir() {
-    std::random_device device;
-    path = std::filesystem::temp_directory_path() /
-           ("kiln-test-regular-file-" + std::to_string(device()));
-    std::filesystem::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path, ignored);
-  }
+  disk_cache::ScratchDir scratch{"test"};
+  const std::filesystem::path& path = scratch.path();
 };
 
 void write_text(const std::filesystem::path& path, const std::string& text) {

@@ -1,40 +1,23 @@
 #pragma once
 // What the kiln-train engine's tests share: a scratch folder, the small run most of them
 // train, and exact comparisons of two runs' results.
-#include <unistd.h>
 
-#include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
 
+#include "core/disk_cache.h"
 #include "testing.h"
 #include "tools/trainer.h"
 
 namespace kiln::testing {
 
-// A fresh folder under the system's temporary directory, removed with everything in it.
-class TempDir {
+// A fresh private folder under $TMPDIR, removed with everything in it.
+class TempDir : public disk_cache::ScratchDir {
  public:
-  TempDir() {
-    static std::atomic<int> counter{0};
-    path_ = std::filesystem::temp_directory_path() /
-            ("kiln-tools-test-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
-    std::filesystem::remove_all(path_);
-    std::filesystem::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::filesystem::path& path() const { return path_; }
-
- private:
-  std::filesystem::path path_;
+  TempDir() : ScratchDir("test") {}
 };
 
 // A ConvNet on 40 synthetic 12x12 images of 4 classes: 5 steps of batch 8 per epoch, each in
