@@ -1,6 +1,6 @@
 #pragma once
 // Generator: the state of kiln's random stream, a seed and an offset. A random op reserves
-// one Philox counter per element (kernels/philox.h) and passes (seed, offset) to its
+// one Philox counter per element (core/philox.h) and passes (seed, offset) to its
 // kernel, so the same seed gives the same numbers on the CPU and on a GPU.
 #include <cstdint>
 #include <mutex>

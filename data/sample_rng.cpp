@@ -1,6 +1,6 @@
 #include "data/sample_rng.h"
 
-#include "kernels/philox.h"
+#include "core/philox.h"
 
 namespace kiln::data {
 

@@ -3,7 +3,7 @@
 
 #include "core/ops/factory.h"
 #include "data/datasets.h"
-#include "kernels/philox.h"
+#include "core/philox.h"
 
 namespace kiln::data {
 

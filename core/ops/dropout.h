@@ -4,7 +4,7 @@
 // follows exactly:
 //
 //   for the element at row-major (logical) position i of x, whatever x's strides,
-//     keep_i = philox::dropout_keep(seed, offset, i, float(p))  // kernels/philox.h:
+//     keep_i = philox::dropout_keep(seed, offset, i, float(p))  // core/philox.h:
 //              uniform_f32(random4(seed, offset + i)) >= p, compared in float
 //     mask_i = keep_i                                                    // bool
 //     out_i  = x_i * (keep_i ? scale : 0)  in x's compute type (f32 for f16/bf16), where

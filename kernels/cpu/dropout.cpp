@@ -5,7 +5,7 @@
 
 #include "core/registry.h"
 #include "kernels/cpu/parallel.h"
-#include "kernels/philox.h"
+#include "core/philox.h"
 
 namespace kiln::cpu {
 namespace {

@@ -3,7 +3,7 @@
 // work in any way and give the same tensor.
 #include "core/registry.h"
 #include "kernels/cpu/parallel.h"
-#include "kernels/philox.h"
+#include "core/philox.h"
 
 namespace kiln::cpu {
 namespace {

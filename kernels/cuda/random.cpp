@@ -1,6 +1,6 @@
 // CUDA kernels of the random ops: dropout and the random factory ops uniform, normal and
 // randint. Each thread computes one element from the Philox counter offset + its row-major
-// index, with the functions of kernels/philox.h that the CPU kernels call
+// index, with the functions of core/philox.h that the CPU kernels call
 // (kernels/cpu/dropout.cpp, kernels/cpu/factory.cpp) and the same float arithmetic (NVRTC
 // runs with --fmad=false, so no multiply-add is contracted), so the GPU's stream is the
 // CPU's: dropout's mask and output, uniform and randint are equal bit for bit.
@@ -26,7 +26,7 @@ const std::vector<DType> kAll = {DType::f32, DType::f64, DType::f16, DType::bf16
                                  DType::i64, DType::i32, DType::u8,  DType::boolean};
 
 const KernelFamily kDropout("dropout", R"(
-#include "kernels/philox.h"
+#include "core/philox.h"
 typedef SCALAR T;
 typedef COMPUTE C;
 extern "C" __global__ void NAME(const T* x, T* out, bool* mask, long long count, unsigned long long seed,
@@ -43,7 +43,7 @@ extern "C" __global__ void NAME(const T* x, T* out, bool* mask, long long count,
 
 // digits: the random bits of a 16-bit float's uniform (11 for f16, 8 for bf16), 24 for f32.
 const KernelFamily kUniform("uniform", R"(
-#include "kernels/philox.h"
+#include "core/philox.h"
 typedef SCALAR T;
 typedef COMPUTE C;
 extern "C" __global__ void NAME(T* out, long long count, unsigned long long seed, unsigned long long offset,
@@ -62,7 +62,7 @@ extern "C" __global__ void NAME(T* out, long long count, unsigned long long seed
                             kFloats);
 
 const KernelFamily kNormal("normal", R"(
-#include "kernels/philox.h"
+#include "core/philox.h"
 typedef SCALAR T;
 typedef COMPUTE C;
 extern "C" __global__ void NAME(T* out, long long count, unsigned long long seed, unsigned long long offset,
@@ -77,7 +77,7 @@ extern "C" __global__ void NAME(T* out, long long count, unsigned long long seed
                            kFloats);
 
 const KernelFamily kRandint("randint", R"(
-#include "kernels/philox.h"
+#include "core/philox.h"
 typedef SCALAR T;
 typedef COMPUTE C;
 extern "C" __global__ void NAME(T* out, long long count, unsigned long long seed, unsigned long long offset,

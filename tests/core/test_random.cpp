@@ -18,7 +18,7 @@
 // seed in (k0, k1) = (low, high).
 #include <array>
 
-#include "kernels/philox.h"
+#include "core/philox.h"
 #include "testing.h"
 
 using namespace kiln;

@@ -1,4 +1,4 @@
-// kernels/scalar.h and kernels/philox.h are the one source of the scalar functions for
+// kernels/scalar.h and core/philox.h are the one source of the scalar functions for
 // the CPU and for generated CUDA kernels. Without a GPU we can still prove the CUDA half:
 // NVRTC compiles a kernel that instantiates every function to PTX and to sm_90 machine code.
 #include <catch2/catch.hpp>
@@ -13,7 +13,7 @@ namespace {
 // Every scalar function, instantiated for the types kiln computes in.
 const char* kKernel = R"(
 #include "kernels/scalar.h"
-#include "kernels/philox.h"
+#include "core/philox.h"
 #include "core/half.h"
 
 namespace ks = kiln::scalar;

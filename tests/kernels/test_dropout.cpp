@@ -1,7 +1,7 @@
 // Dropout: the mask follows the Philox rule of core/ops/dropout.h exactly, is reproducible
 // under manual_seed, and has the right statistics.
 #include "core/ops/dropout.h"
-#include "kernels/philox.h"
+#include "core/philox.h"
 #include "testing.h"
 
 using namespace kiln;
