@@ -253,10 +253,7 @@ namespace {
 thread_local SetGradHook t_set_grad_hook;
 }  // namespace
 
-SetGradHookGuard::SetGradHookGuard(SetGradHook hook) : previous_(std::move(t_set_grad_hook)) {
-  t_set_grad_hook = std::move(hook);
-}
-SetGradHookGuard::~SetGradHookGuard() { t_set_grad_hook = std::move(previous_); }
+SetGradHookGuard::SetGradHookGuard(SetGradHook hook) : ScopedHook(t_set_grad_hook, std::move(hook)) {}
 
 void Tensor::set_grad(const Tensor& grad) const {
   if (grad.defined())

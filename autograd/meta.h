@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "autograd/node.h"
+#include "core/scoped_hook.h"
 
 namespace kiln {
 
@@ -32,15 +33,9 @@ Tensor own_gradient(Tensor g, const Tensor& leaf);
 // traced function started, even when the function cleared it (zero_grad) before using
 // the leaf.
 using SetGradHook = std::function<void(const Tensor& tensor)>;
-class SetGradHookGuard {
+class SetGradHookGuard : ScopedHook<SetGradHook> {
  public:
   explicit SetGradHookGuard(SetGradHook hook);
-  ~SetGradHookGuard();
-  SetGradHookGuard(const SetGradHookGuard&) = delete;
-  SetGradHookGuard& operator=(const SetGradHookGuard&) = delete;
-
- private:
-  SetGradHook previous_;
 };
 // A handle number, unique in the process.
 int next_hook_handle();

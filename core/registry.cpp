@@ -214,10 +214,7 @@ thread_local int t_unguarded_reads = 0;
 UnguardedHostReads::UnguardedHostReads() { ++t_unguarded_reads; }
 UnguardedHostReads::~UnguardedHostReads() { --t_unguarded_reads; }
 
-HostReadHookGuard::HostReadHookGuard(HostReadHook hook) : previous_(std::move(t_host_read_hook)) {
-  t_host_read_hook = std::move(hook);
-}
-HostReadHookGuard::~HostReadHookGuard() { t_host_read_hook = std::move(previous_); }
+HostReadHookGuard::HostReadHookGuard(HostReadHook hook) : ScopedHook(t_host_read_hook, std::move(hook)) {}
 
 void report_host_read(const Tensor& t, const char* reader) {
   if (t_depth == 0 && t_host_read_hook) t_host_read_hook(t, reader, t_unguarded_reads == 0);
@@ -242,15 +239,9 @@ Tensor pending_tensor(const TensorMeta& m) {
 }
 }  // namespace
 
-DeferHookGuard::DeferHookGuard(DeferHook hook) : previous_(std::move(t_defer_hook)) {
-  t_defer_hook = std::move(hook);
-}
-DeferHookGuard::~DeferHookGuard() { t_defer_hook = std::move(previous_); }
+DeferHookGuard::DeferHookGuard(DeferHook hook) : ScopedHook(t_defer_hook, std::move(hook)) {}
 
-PendingHookGuard::PendingHookGuard(PendingHook hook) : previous_(std::move(t_pending_hook)) {
-  t_pending_hook = std::move(hook);
-}
-PendingHookGuard::~PendingHookGuard() { t_pending_hook = std::move(previous_); }
+PendingHookGuard::PendingHookGuard(PendingHook hook) : ScopedHook(t_pending_hook, std::move(hook)) {}
 
 void compute_pending(StorageImpl& storage) {
   if (t_pending_hook) t_pending_hook(storage);
@@ -260,8 +251,7 @@ void compute_pending(StorageImpl& storage) {
              storage.nbytes, storage.device);
 }
 
-OpHookGuard::OpHookGuard(OpHook hook) : previous_(std::move(t_hook)) { t_hook = std::move(hook); }
-OpHookGuard::~OpHookGuard() { t_hook = std::move(previous_); }
+OpHookGuard::OpHookGuard(OpHook hook) : ScopedHook(t_hook, std::move(hook)) {}
 
 // ---- dispatch ----
 

@@ -12,6 +12,7 @@
 #include <variant>
 #include <vector>
 
+#include "core/scoped_hook.h"
 #include "core/tensor.h"
 
 namespace kiln {
@@ -164,15 +165,9 @@ void call_op_out(const OpDef& op, std::vector<Tensor> inputs, const Attrs& attrs
 // The tracing hook: sees every top-level op call on this thread (ops that a kernel runs
 // internally are not reported). Install with OpHookGuard; guards nest.
 using OpHook = std::function<void(const OpCall&)>;
-class OpHookGuard {
+class OpHookGuard : ScopedHook<OpHook> {
  public:
   explicit OpHookGuard(OpHook hook);
-  ~OpHookGuard();
-  OpHookGuard(const OpHookGuard&) = delete;
-  OpHookGuard& operator=(const OpHookGuard&) = delete;
-
- private:
-  OpHook previous_;
 };
 
 // Host reads: Tensor::item() reports the tensor it reads to this hook (one per thread,
@@ -182,15 +177,9 @@ class OpHookGuard {
 // UnguardedHostReads scope (a read that only validates). Install with HostReadHookGuard;
 // guards nest.
 using HostReadHook = std::function<void(const Tensor&, const char* reader, bool guarded)>;
-class HostReadHookGuard {
+class HostReadHookGuard : ScopedHook<HostReadHook> {
  public:
   explicit HostReadHookGuard(HostReadHook hook);
-  ~HostReadHookGuard();
-  HostReadHookGuard(const HostReadHookGuard&) = delete;
-  HostReadHookGuard& operator=(const HostReadHookGuard&) = delete;
-
- private:
-  HostReadHook previous_;
 };
 // Called by the host reads (item(), clip_grad_norm_'s loop over the gradients; `reader`
 // names it in messages); does nothing without a hook or inside a kernel.
@@ -215,15 +204,9 @@ class UnguardedHostReads {
 // run_deferred. View ops are never deferred (they compute nothing). Install with
 // DeferHookGuard; guards nest.
 using DeferHook = std::function<bool(const OpDef& op)>;
-class DeferHookGuard {
+class DeferHookGuard : ScopedHook<DeferHook> {
  public:
   explicit DeferHookGuard(DeferHook hook);
-  ~DeferHookGuard();
-  DeferHookGuard(const DeferHookGuard&) = delete;
-  DeferHookGuard& operator=(const DeferHookGuard&) = delete;
-
- private:
-  DeferHook previous_;
 };
 // Runs a deferred call's kernel now, as the call would have (its inputs must have memory):
 // pending outputs get memory first.
@@ -233,15 +216,9 @@ void run_deferred(const OpCall& call);
 // it; without a hook, or when the storage is still pending after it, the read is a
 // kiln::Error. Install with PendingHookGuard; guards nest.
 using PendingHook = std::function<void(StorageImpl& storage)>;
-class PendingHookGuard {
+class PendingHookGuard : ScopedHook<PendingHook> {
  public:
   explicit PendingHookGuard(PendingHook hook);
-  ~PendingHookGuard();
-  PendingHookGuard(const PendingHookGuard&) = delete;
-  PendingHookGuard& operator=(const PendingHookGuard&) = delete;
-
- private:
-  PendingHook previous_;
 };
 // What Tensor::data_ptr() calls on a pending storage.
 void compute_pending(StorageImpl& storage);
