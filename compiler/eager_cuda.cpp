@@ -147,15 +147,15 @@ bool run_split_reduction(const OpDef& op, Span in, Span out, const Attrs& attrs)
     if (is_reduced[static_cast<size_t>(d)]) order.push_back(d);
   const Tensor flat = x.permute(order).reshape({kept, parts, reduced / parts});
   Tensor result;
-  if (op.name == "amax") {
+  if (op.reduction == Reduction::amax) {
     result = amax(amax(flat, {2}), {1});
-  } else if (op.name == "amin") {
+  } else if (op.reduction == Reduction::amin) {
     result = amin(amin(flat, {2}), {1});
   } else {
     const DType from = attrs.has("dtype") ? attrs.dtype("dtype") : x.dtype();
     const DType acc = is_floating(from) ? DType::f64 : DType::i64;
     result = sum(sum(flat, {2}, false, acc), {1});
-    if (op.name == "mean") result = div(result, Scalar(static_cast<double>(reduced)));
+    if (op.reduction == Reduction::mean) result = div(result, Scalar(static_cast<double>(reduced)));
   }
   Tensor(out[0]).copy_(result.reshape(out[0].shape()));
   return true;
@@ -412,29 +412,16 @@ void adamw_update_multi(Span in, Span out, const Attrs& attrs) {
   }
 }
 
-// One kernel function per op (the registry's kernels are plain function pointers).
-constexpr const char* kPointwise[] = {
-    "neg", "abs", "sign", "relu", "exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "reciprocal", "sin",
-    "cos", "tanh", "sigmoid", "silu", "add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq", "ne",
-    "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_not", "where", "clamp", "cast", "clone",
-    "gelu", "softplus", "fill"};
-constexpr const char* kReductions[] = {"sum", "mean", "amax", "amin"};
-
-template <size_t I>
-void pointwise(Span in, Span out, const Attrs& attrs) {
-  static const OpDef& op = find_op(kPointwise[I]);
-  run(op, in, out, attrs, false);
-}
-template <size_t I>
-void reduce(Span in, Span out, const Attrs& attrs) {
-  static const OpDef& op = find_op(kReductions[I]);
-  run(op, in, out, attrs, true);
+// The generated kernel of each op the code generator computes (codegen::lowers_pointwise
+// and lowers_reduction read the op's registry entry).
+KernelFn generated_kernel(const OpDef& op) {
+  const bool reduction = codegen::lowers_reduction(op);
+  if (!reduction && !codegen::lowers_pointwise(op)) return {};
+  return [&op, reduction](Span in, Span out, const Attrs& attrs) { run(op, in, out, attrs, reduction); };
 }
 
-template <size_t... I, size_t... R>
-void register_all(std::index_sequence<I...>, std::index_sequence<R...>) {
-  (register_kernel(kPointwise[I], DeviceType::cuda, pointwise<I>), ...);
-  (register_kernel(kReductions[R], DeviceType::cuda, reduce<R>), ...);
+void register_all() {
+  register_kernel_maker(DeviceType::cuda, generated_kernel);
   register_kernel("sgd_update_", DeviceType::cuda, sgd_update_inplace);
   register_kernel("sgd_update", DeviceType::cuda, sgd_update);
   register_kernel("adamw_update_", DeviceType::cuda, adamw_update_inplace);
@@ -446,10 +433,7 @@ void register_all(std::index_sequence<I...>, std::index_sequence<R...>) {
 }
 
 struct Registrar {
-  Registrar() {
-    register_all(std::make_index_sequence<std::size(kPointwise)>(),
-                 std::make_index_sequence<std::size(kReductions)>());
-  }
+  Registrar() { register_all(); }
 } registrar;
 
 }  // namespace

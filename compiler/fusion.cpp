@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <optional>
 #include <set>
-#include <string_view>
+#include <string>
 
 #include "compiler/codegen/lower.h"
 #include "core/error.h"
@@ -13,10 +13,6 @@
 namespace kiln::compiler {
 
 namespace {
-
-bool is_reduction_op(std::string_view op) {
-  return op == "sum" || op == "mean" || op == "amax" || op == "amin";
-}
 
 class Fuser {
  public:
@@ -43,26 +39,25 @@ class Fuser {
         push({n}, FusionGroup::eager);
         continue;
       }
-      if (is_reduction_op(node.op)) {
+      if (codegen::lowers_reduction(*node.def)) {
         reduction(n);
         continue;
       }
-      if (!run_.empty() && node.outputs.size() == 1 && node.outputs[0].shape == run_shape_) {
+      const bool pointwise = codegen::lowers_pointwise(*node.def);
+      if (pointwise && !run_.empty() && node.outputs.size() == 1 && node.outputs[0].shape == run_shape_) {
         std::vector<int32_t> candidate = run_;
         candidate.push_back(n);
-        if (auto k = pointwise_kernel(candidate)) {
+        if (used_outside(candidate)) {
           run_ = std::move(candidate);
           in_run_.insert(n);
-          run_kernel_ = std::move(*k);
           continue;
         }
       }
       flush();
-      if (auto k = pointwise_kernel({n})) {
+      if (pointwise && used_outside({n})) {
         run_ = {n};
         in_run_ = {n};
         run_shape_ = node.outputs[0].shape;
-        run_kernel_ = std::move(*k);
         continue;
       }
       push({n}, FusionGroup::eager);
@@ -79,20 +74,21 @@ class Fuser {
     });
   }
 
-  std::optional<codegen::Kernel> pointwise_kernel(const std::vector<int32_t>& nodes) const {
-    try {
-      return codegen::lower_pointwise(g_, nodes);
-    } catch (const Error&) {
-      return std::nullopt;
+  // Whether a value of `group` is used outside it (by a node, an output or a write-back):
+  // a pointwise group of nodes that codegen::lowers_pointwise accepts, one shape for all,
+  // is then one kernel (codegen::lower_pointwise), whose outputs those values are.
+  bool used_outside(const std::vector<int32_t>& group) const {
+    for (int32_t m : group) {
+      if (escapes_[static_cast<size_t>(m)]) return true;
+      for (int32_t u : users_[static_cast<size_t>(m)])
+        if (std::find(group.begin(), group.end(), u) == group.end()) return true;
     }
+    return false;
   }
 
   std::optional<codegen::Kernel> reduction_kernel(const std::vector<int32_t>& nodes) const {
-    try {
-      return codegen::lower_reduction(g_, nodes);
-    } catch (const Error&) {
-      return std::nullopt;
-    }
+    std::string refusal;
+    return codegen::try_lower_reduction(g_, nodes, refusal);
   }
 
   void push(std::vector<int32_t> nodes, FusionGroup::Kind kind, codegen::Kernel kernel = {}) {
@@ -102,10 +98,10 @@ class Fuser {
   // Ends the current run: its kernel becomes a step.
   void flush() {
     if (run_.empty()) return;
-    push(std::move(run_), FusionGroup::pointwise, std::move(run_kernel_));
+    codegen::Kernel kernel = codegen::lower_pointwise(g_, run_);
+    push(std::move(run_), FusionGroup::pointwise, std::move(kernel));
     run_.clear();
     in_run_.clear();
-    run_kernel_ = {};
   }
 
   // Reduction node r: fused with the run nodes only it reads (the run's other nodes stay a
@@ -129,15 +125,15 @@ class Fuser {
         for (int32_t m : run_)
           if (!prologue.contains(m)) rest.push_back(m);
         fused.push_back(r);
-        std::optional<codegen::Kernel> before;
-        if (!rest.empty()) before = pointwise_kernel(rest);
-        if (rest.empty() || before) {
+        if (rest.empty() || used_outside(rest)) {
           if (auto k = reduction_kernel(fused)) {
-            if (before) push(std::move(rest), FusionGroup::pointwise, std::move(*before));
+            if (!rest.empty()) {
+              codegen::Kernel before = codegen::lower_pointwise(g_, rest);
+              push(std::move(rest), FusionGroup::pointwise, std::move(before));
+            }
             push(std::move(fused), FusionGroup::reduction, std::move(*k));
             run_.clear();
             in_run_.clear();
-            run_kernel_ = {};
             return;
           }
         }
@@ -157,7 +153,6 @@ class Fuser {
   std::vector<int32_t> run_;  // the current pointwise run
   std::set<int32_t> in_run_;
   Shape run_shape_;
-  codegen::Kernel run_kernel_;
 };
 
 }  // namespace

@@ -100,6 +100,13 @@ namespace {
 struct Registry {
   std::mutex mutex;
   std::map<std::string, std::unique_ptr<OpDef>, std::less<>> ops;
+  std::vector<std::pair<DeviceType, KernelMaker>> makers;
+
+  // Gives a defined op the kernels the makers make for it, where it has none.
+  void make_kernels(OpDef& op, DeviceType device, KernelMaker make) {
+    KernelFn& slot = op.kernels[static_cast<int>(device)];
+    if (!slot && op.infer) slot = make(op);
+  }
 
   OpDef& entry(std::string_view name) {
     auto it = ops.find(name);
@@ -140,7 +147,15 @@ const OpDef& define_op(OpDef def) {
     KILN_CHECK(!pure.in_place_twin, "define_op: op '{}' is the pure twin of two ops", e.pure_twin);
     pure.in_place_twin = &e;
   }
+  for (const auto& [device, make] : r.makers) r.make_kernels(e, device, make);
   return e;
+}
+
+void register_kernel_maker(DeviceType device, KernelMaker make) {
+  Registry& r = registry();
+  std::lock_guard lock(r.mutex);
+  r.makers.emplace_back(device, make);
+  for (auto& [name, def] : r.ops) r.make_kernels(*def, device, make);
 }
 
 void register_kernel(std::string_view op, DeviceType device, KernelFn kernel) {
@@ -262,14 +277,14 @@ static std::vector<TensorMeta> metas_of(const std::vector<Tensor>& inputs) {
   return metas;
 }
 
-static KernelFn kernel_for(const OpDef& op, Device device, std::span<const TensorMeta> metas) {
+static const KernelFn& kernel_for(const OpDef& op, Device device, std::span<const TensorMeta> metas) {
   if (device.is_cuda() && has_device_allocator(device.type) &&
       (!cuda::is_available() || device.index >= cuda::device_count()))
     fail("{}: device {} is not available: {} (inputs: {})", op.name, device,
          cuda::is_available() ? fmt::format("this machine has {} CUDA devices", cuda::device_count())
                               : cuda::unavailable_reason(),
          metas_str(metas));
-  KernelFn k = op.kernels[static_cast<int>(device.type)];
+  const KernelFn& k = op.kernels[static_cast<int>(device.type)];
   if (!k) {
     if (!has_device_allocator(device.type))
       fail("{}: device {} is not available: this build of kiln has no backend for it (inputs: {})",
@@ -311,7 +326,7 @@ static std::vector<Tensor> run_op(const OpDef& op, std::vector<Tensor> inputs, c
     std::vector<TensorMeta> out_metas = op.infer(metas, attrs);
     // An op without outputs (an in-place update) runs where its tensors are.
     Device device = out_metas.empty() ? common_device(metas, op.name.c_str()) : out_metas[0].device;
-    KernelFn kernel = kernel_for(op, device, metas);
+    const KernelFn& kernel = kernel_for(op, device, metas);
     const bool deferred = defers(op);
     outputs.reserve(out_metas.size());
     for (const TensorMeta& m : out_metas)
@@ -333,7 +348,7 @@ void run_deferred(const OpCall& call) {
     std::vector<TensorMeta> metas;
     for (const Tensor& t : call.inputs) metas.push_back(TensorMeta::of(t));
     const Device device = !call.outputs.empty() ? call.outputs[0].device() : common_device(metas, op.name.c_str());
-    KernelFn kernel = kernel_for(op, device, metas);
+    const KernelFn& kernel = kernel_for(op, device, metas);
     for (const Tensor& out : call.outputs) {
       if (!out.defined() || !is_pending(*out.storage())) continue;
       const Storage memory = allocate_storage(out.storage()->nbytes, out.device());
@@ -390,14 +405,14 @@ static void check_inplace_overlap(const OpDef& op, const std::vector<Tensor>& in
                op.name, out.meta_str(), shape_str(out.strides()));
   if (out.numel() == 0 || !dense_without_overlap(out)) return;
   const auto [lo, hi] = element_range(out);
-  const int accumulator = op.elementwise ? -1 : op.accumulator_input(metas_of(inputs));
+  const int accumulator = op.is_elementwise() ? -1 : op.accumulator_input(metas_of(inputs));
   for (size_t i = 0; i < inputs.size(); ++i) {
     const Tensor& in = inputs[i];
     if (!in.defined() || in.storage() != out.storage() || in.numel() == 0) continue;
     if (same_view(in, out)) {
       // The target itself: read only at the element written by an elementwise op or as the
       // accumulator; any other op (a GEMM's operand) would read elements it already wrote.
-      KILN_CHECK(op.elementwise || static_cast<int>(i) == accumulator,
+      KILN_CHECK(op.is_elementwise() || static_cast<int>(i) == accumulator,
                  "{}: input {} ({}) is the in-place target itself, which {} reads beyond the element it "
                  "writes; clone() the input first",
                  op.name, i, in.meta_str(), op.name);
@@ -449,7 +464,7 @@ static void run_op_out(const OpDef& op, std::vector<Tensor> inputs, const Attrs&
                "result out of place",
                out.meta_str());
   }
-  KernelFn kernel = kernel_for(op, m.device, metas);
+  const KernelFn& kernel = kernel_for(op, m.device, metas);
   std::vector<Tensor> outputs{out};
   std::vector<Tensor> before;
   // Autograd will need the values the op is about to overwrite: copied by top-level clone

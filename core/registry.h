@@ -92,13 +92,42 @@ struct OpCall {
 // what each output is. Outputs go on the device of the inputs unless the rule says so.
 using InferFn = std::vector<TensorMeta> (*)(std::span<const TensorMeta> in, const Attrs& attrs);
 // A kernel writes the outputs, which the dispatcher allocated from the rule's answer (or
-// the caller gave, for in-place forms: then they may be strided or alias an input).
-using KernelFn = void (*)(std::span<const Tensor> in, std::span<const Tensor> out,
-                          const Attrs& attrs);
+// the caller gave, for in-place forms: then they may be strided or alias an input). Most
+// are plain functions; one made from an op's facts (register_kernel_maker) holds the op.
+using KernelFn = std::function<void(std::span<const Tensor> in, std::span<const Tensor> out,
+                                    const Attrs& attrs)>;
 // A view op returns a tensor sharing its input's storage.
 using ViewFn = Tensor (*)(const Tensor& in, const Attrs& attrs);
 
 enum class OpKind : uint8_t { compute, view };
+
+// How an elementwise op computes each element of its output. The code generator
+// (compiler/codegen/lower.cpp), the CPU kernels and the generated CUDA kernels read it;
+// where the element is a function, it is the one of kernels/scalar.h named as the op.
+enum class Elementwise : uint8_t {
+  none,      // not elementwise
+  same,      // scalar::<op>(operands) in their promoted dtype: neg, add, maximum
+  floating,  // the same in the promoted dtype made floating (f32 for integers): exp, div
+  compare,   // bool scalar::<op>(operands) compared in their promoted dtype: eq, lt
+  logical,   // bool scalar::<op>(operands read as bool): logical_and
+  convert,   // the operand converted to the output's dtype: cast, clone
+  select,    // where(cond, a, b): a or b in their promoted dtype
+  clamp,     // the operand bounded by the `min` and `max` attributes
+  fill,      // the `value` attribute everywhere (the operand gives only the shape)
+  opaque,    // elementwise, but only its own kernels compute it: to_device, dropout
+};
+
+// What a reduction op computes; the code generator lowers sum, mean, amax and amin.
+enum class Reduction : uint8_t { none, sum, mean, amax, amin, other };
+
+// What autocast does to an op's floating inputs (the mixed-precision issue reads it),
+// after PyTorch's autocast op lists:
+enum class CastPolicy : uint8_t {
+  none,     // runs in the dtypes it is given
+  lower,    // to the autocast dtype (f16 or bf16): matmul, conv2d
+  f32,      // to f32: softmax, the losses, exp, log, sum
+  promote,  // to the widest floating dtype among them: add, cat, where
+};
 
 struct OpDef {
   std::string name;
@@ -112,11 +141,15 @@ struct OpDef {
   std::vector<int> (*mutated_inputs_of)(const Attrs& attrs) = nullptr;
   // Reads the random generator (its seed and offset are attributes of the call).
   bool random = false;
-  // Reads each input only at the output element it lines up with (after broadcasting), so
-  // an in-place call may write over an input that is the same view as its target
-  // (x.add_(x)). Other ops read inputs elsewhere too: call_op_out refuses an input that is
-  // the same view as the target, except the accumulator below.
-  bool elementwise = false;
+  // Elementwise ops (all but `none`) read each input only at the output element it lines up
+  // with (after broadcasting), so an in-place call may write over an input that is the same
+  // view as its target (x.add_(x)). Other ops read inputs elsewhere too: call_op_out
+  // refuses an input that is the same view as the target, except the accumulator below.
+  Elementwise elementwise = Elementwise::none;
+  // The attributes the element function takes after its operands, as numbers (gelu's
+  // tanh form as a bool, softplus's beta and threshold).
+  std::vector<Scalar> (*scalar_args)(const Attrs& attrs) = nullptr;
+  Reduction reduction = Reduction::none;
   // For ops that add their result to an input: which input that is, in a call with inputs
   // `in` (-1: none in this call). It is read only at the element the op writes, so the op
   // may write its result over it (call_op_out, the compiler's in-place plan): addmm's bias
@@ -131,6 +164,7 @@ struct OpDef {
   std::string pure_twin;
   // Set by the registry on the pure twin: the op whose pure_twin it is.
   const OpDef* in_place_twin = nullptr;
+  CastPolicy cast_policy = CastPolicy::none;
   std::array<KernelFn, kNumDeviceTypes> kernels{};
   const BackwardFormula* backward = nullptr;  // set by autograd/
   bool backward_reads_inputs = false;         // the formula needs the inputs' values
@@ -140,6 +174,7 @@ struct OpDef {
     return mutated_inputs_of ? mutated_inputs_of(attrs) : mutated_inputs;
   }
   bool mutates_inputs() const { return mutated_inputs_of || !mutated_inputs.empty(); }
+  bool is_elementwise() const { return elementwise != Elementwise::none; }
 };
 
 // Declares an op (once, from a static initializer in core/ops/). Returns a reference that
@@ -147,6 +182,11 @@ struct OpDef {
 const OpDef& define_op(OpDef def);
 // Registers `op`'s kernel for a device type (from kernels/<device>/).
 void register_kernel(std::string_view op, DeviceType device, KernelFn kernel);
+// Gives a kernel on `device` to every op that `make` makes one for from its facts (the
+// generated CUDA kernels of the elementwise ops and reductions, compiler/eager_cuda.cpp): to
+// the ops defined so far and to each op defined later. A kernel registered by name wins.
+using KernelMaker = KernelFn (*)(const OpDef& op);
+void register_kernel_maker(DeviceType device, KernelMaker make);
 // The op named `name`; an error when there is none.
 const OpDef& find_op(std::string_view name);
 // Every defined op, sorted by name.

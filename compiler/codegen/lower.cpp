@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <limits>
 #include <map>
+#include <optional>
 #include <set>
+#include <string>
 
 #include <fmt/format.h>
 
@@ -11,21 +13,6 @@
 
 namespace kiln::compiler::codegen {
 namespace {
-
-const std::set<std::string, std::less<>> kUnarySame = {"neg", "abs", "sign", "relu"};
-const std::set<std::string, std::less<>> kUnaryFloating = {
-    "exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "reciprocal", "sin", "cos", "tanh", "sigmoid", "silu"};
-const std::set<std::string, std::less<>> kBinary = {"add", "sub", "mul", "div", "pow", "maximum", "minimum"};
-const std::set<std::string, std::less<>> kCompare = {"eq", "ne", "lt", "le", "gt", "ge"};
-const std::set<std::string, std::less<>> kLogical = {"logical_and", "logical_or", "logical_not"};
-const std::set<std::string, std::less<>> kOther = {"where", "clamp", "cast", "clone", "gelu", "softplus", "fill"};
-const std::set<std::string, std::less<>> kReductions = {"sum", "mean", "amax", "amin"};
-
-bool is_elementwise(std::string_view op) {
-  for (const auto* set : {&kUnarySame, &kUnaryFloating, &kBinary, &kCompare, &kLogical, &kOther})
-    if (set->contains(op)) return true;
-  return false;
-}
 
 // The value `v` converted to dtype `d`, as a Scalar of the matching category.
 Scalar convert(const Scalar& v, DType d) {
@@ -95,7 +82,7 @@ class Lowering {
       KILN_CHECK(node.def->kind == OpKind::compute,
                  "{}: view op {} (node %{}) cannot be inside a group: views are read through by "
                  "the group's inputs", what_, node.op, g_.value_number({n, 0}));
-      KILN_CHECK(is_elementwise(node.op), "{}: op {} (node %{}) is not an elementwise op the code "
+      KILN_CHECK(lowers_pointwise(*node.def), "{}: op {} (node %{}) is not an elementwise op the code "
                  "generator supports", what_, node.op, g_.value_number({n, 0}));
       const Shape& shape = node.outputs[0].shape;
       const Shape both[] = {shape, space_};
@@ -137,12 +124,17 @@ class Lowering {
     return it->second;
   }
 
-  Kernel finish(int32_t first_input_size_dims_from) {
+  // The kernel, or nothing (and `refusal` says why) when an iteration dim from
+  // `first_input_size_dims_from` on is walked by no input.
+  std::optional<Kernel> finish(int32_t first_input_size_dims_from, std::string& refusal) {
     for (int32_t k = first_input_size_dims_from; k < k_.rank; ++k) {
       int32_t from = -1;
       for (size_t b = 0; b < k_.buffers.size() && from < 0; ++b)
         if (!k_.buffers[b].output && !k_.buffers[b].broadcasts(k)) from = static_cast<int32_t>(b);
-      KILN_CHECK(from >= 0, "{}: no input walks iteration dim {} (all broadcast there)", what_, k);
+      if (from < 0) {
+        refusal = fmt::format("{}: no input walks iteration dim {} (all broadcast there)", what_, k);
+        return std::nullopt;
+      }
       k_.size_from[static_cast<size_t>(k)] = {from, k_.buffers[static_cast<size_t>(from)].dim_of[static_cast<size_t>(k)]};
     }
     std::vector<std::string> shown(names_.begin(), names_.begin() + std::min<size_t>(names_.size(), 5));
@@ -181,50 +173,51 @@ class Lowering {
     return result_type(metas);
   }
 
+  // The op's element, as its category (OpDef::elementwise) says to compute it.
   int32_t lower_op(const Node& node) {
-    const std::string& name = node.op;
+    const OpDef& def = *node.def;
     const Attrs& a = node.attrs;
     auto in = [&](size_t i, DType d) { return operand(node.inputs[i], d); };
-    if (kUnarySame.contains(name) || kUnaryFloating.contains(name)) {
-      DType c = promoted(node);
-      if (kUnaryFloating.contains(name) && !is_floating(c)) c = kDefaultFloat;
-      return op(name, {in(0, c)}, c);
-    }
-    if (kBinary.contains(name)) {
-      DType c = promoted(node);
-      if (name == "div" && !is_floating(c)) c = kDefaultFloat;
-      const int32_t x = in(0, c);
-      int32_t y = in(1, c);
-      if ((name == "add" || name == "sub") && a.has("alpha")) y = op("mul", {y, constant(a.scalar("alpha"), c)}, c);
-      return op(name, {x, y}, c);
-    }
-    if (kCompare.contains(name)) {
-      const DType c = promoted(node);
-      return op(name, {in(0, c), in(1, c)}, DType::boolean);
-    }
-    if (kLogical.contains(name)) {
-      std::vector<int32_t> args;
-      for (size_t i = 0; i < node.inputs.size(); ++i) args.push_back(in(i, DType::boolean));
-      return op(name, std::move(args), DType::boolean);
-    }
     const DType out = node.outputs[0].dtype;
-    if (name == "where") {
-      const DType c = promoted(node, 1);
-      return op("where", {in(0, DType::boolean), in(1, c), in(2, c)}, c);
+    switch (def.elementwise) {
+      case Elementwise::same:
+      case Elementwise::floating: {
+        DType c = promoted(node);
+        if (def.elementwise == Elementwise::floating && !is_floating(c)) c = kDefaultFloat;
+        std::vector<int32_t> args;
+        for (size_t i = 0; i < node.inputs.size(); ++i) args.push_back(in(i, c));
+        // add and sub scale their second operand by `alpha`.
+        if (args.size() == 2 && a.has("alpha")) args[1] = op("mul", {args[1], constant(a.scalar("alpha"), c)}, c);
+        if (def.scalar_args)
+          for (const Scalar& v : def.scalar_args(a))
+            args.push_back(constant(v, v.kind() == DType::boolean ? DType::boolean : c));
+        return op(def.name, std::move(args), c);
+      }
+      case Elementwise::compare: {
+        const DType c = promoted(node);
+        return op(def.name, {in(0, c), in(1, c)}, DType::boolean);
+      }
+      case Elementwise::logical: {
+        std::vector<int32_t> args;
+        for (size_t i = 0; i < node.inputs.size(); ++i) args.push_back(in(i, DType::boolean));
+        return op(def.name, std::move(args), DType::boolean);
+      }
+      case Elementwise::select: {
+        const DType c = promoted(node, 1);
+        return op(def.name, {in(0, DType::boolean), in(1, c), in(2, c)}, c);
+      }
+      case Elementwise::clamp: {
+        int32_t x = in(0, out);
+        if (auto lo = a.optional_scalar("min")) x = op("maximum", {x, constant(*lo, out)}, out);
+        if (auto hi = a.optional_scalar("max")) x = op("minimum", {x, constant(*hi, out)}, out);
+        return x;
+      }
+      case Elementwise::convert: return in(0, out);
+      case Elementwise::fill: return constant(a.scalar("value"), out);  // the input gives only the shape
+      case Elementwise::none:
+      case Elementwise::opaque: break;
     }
-    if (name == "clamp") {
-      int32_t x = in(0, out);
-      if (auto lo = a.optional_scalar("min")) x = op("maximum", {x, constant(*lo, out)}, out);
-      if (auto hi = a.optional_scalar("max")) x = op("minimum", {x, constant(*hi, out)}, out);
-      return x;
-    }
-    if (name == "cast" || name == "clone") return in(0, out);
-    if (name == "fill") return constant(a.scalar("value"), out);  // the input gives only the shape
-    if (name == "gelu")
-      return op("gelu", {in(0, out), constant(Scalar(a.str("approximate") == "tanh"), DType::boolean)}, out);
-    if (name == "softplus")
-      return op("softplus", {in(0, out), constant(Scalar(a.f("beta")), out), constant(Scalar(a.f("threshold")), out)}, out);
-    fail("{}: op {} is not supported", what_, name);
+    fail("{}: op {} is not supported", what_, def.name);
   }
 
   // A value read by the group: its expr when the group computes it, a constant, or a load
@@ -321,18 +314,32 @@ Kernel lower_pointwise(const Graph& g, const std::vector<int32_t>& nodes) {
     k.stores.push_back({static_cast<int32_t>(b), l.expr_of(outputs[b])});
   k.size_from.resize(space.size());
   for (size_t d = 0; d < space.size(); ++d) k.size_from[d] = {0, order[d]};
-  return l.finish(k.rank);
+  std::string refusal;  // the sizes come from the first output: no dim is left to an input
+  return *l.finish(k.rank, refusal);
 }
 
-Kernel lower_reduction(const Graph& g, const std::vector<int32_t>& nodes) {
+bool lowers_pointwise(const OpDef& op) {
+  return op.kind == OpKind::compute && op.elementwise != Elementwise::none && op.elementwise != Elementwise::opaque;
+}
+
+bool lowers_reduction(const OpDef& op) {
+  return op.reduction == Reduction::sum || op.reduction == Reduction::mean || op.reduction == Reduction::amax ||
+         op.reduction == Reduction::amin;
+}
+
+std::optional<Kernel> try_lower_reduction(const Graph& g, const std::vector<int32_t>& nodes, std::string& refusal) {
   Lowering l(g, nodes, "lower_reduction");
   const int32_t r = l.nodes().back();
   const Node& red = g.nodes()[static_cast<size_t>(r)];
-  KILN_CHECK(kReductions.contains(red.op), "lower_reduction: the last node of the group must be one of "
-             "sum, mean, amax, amin; got {}", red.op);
-  const std::vector<int32_t> outside = l.used_outside();
-  KILN_CHECK(outside == std::vector<int32_t>{r}, "lower_reduction: only the {}'s result may be used "
-             "outside the group", red.op);
+  auto refuse = [&](std::string why) -> std::optional<Kernel> {
+    refusal = std::move(why);
+    return std::nullopt;
+  };
+  if (!lowers_reduction(*red.def))
+    return refuse(fmt::format("lower_reduction: the last node of the group must be a reduction the code "
+                              "generator supports (sum, mean, amax, amin); got {}", red.op));
+  if (l.used_outside() != std::vector<int32_t>{r})
+    return refuse(fmt::format("lower_reduction: only the {}'s result may be used outside the group", red.op));
   const Shape space = g.type(red.inputs[0]).shape;
   const std::vector<bool> reduced =
       reduced_dims(space, red.attrs.has("dims") ? red.attrs.ints("dims") : DimList{}, "lower_reduction");
@@ -342,7 +349,8 @@ Kernel lower_reduction(const Graph& g, const std::vector<int32_t>& nodes) {
     for (size_t d = 0; d < space.size(); ++d)
       if (reduced[d] == (pass == 1)) perm.push_back(static_cast<int32_t>(d));
   const int32_t num_reduced = static_cast<int32_t>(std::count(reduced.begin(), reduced.end(), true));
-  KILN_CHECK(num_reduced > 0, "lower_reduction: {} of shape {} reduces nothing", red.op, shape_str(space));
+  if (num_reduced == 0)
+    return refuse(fmt::format("lower_reduction: {} of shape {} reduces nothing", red.op, shape_str(space)));
   const int32_t kept = static_cast<int32_t>(space.size()) - num_reduced;
   l.set_space(space, perm, num_reduced);
 
@@ -352,22 +360,30 @@ Kernel lower_reduction(const Graph& g, const std::vector<int32_t>& nodes) {
   l.lower_nodes(r);
 
   const DType out = red.outputs[0].dtype;
-  const bool sum = red.op == "sum" || red.op == "mean";
+  const Reduction kind = red.def->reduction;
+  const bool sum = kind == Reduction::sum || kind == Reduction::mean;
   const DType acc = sum ? (is_floating(out) ? DType::f64 : DType::i64) : out;
   const int32_t x = l.cast(l.operand(red.inputs[0], out), acc);
-  const bool max = red.op == "amax";
+  const bool max = kind == Reduction::amax;
   const Scalar identity = sum ? Scalar(0) : lowest(acc, max);
   int32_t result = l.add({.kind = ExprKind::reduce, .dtype = acc, .op = sum ? "add" : max ? "maximum" : "minimum",
                           .args = {x}, .value = Scalar(0)});
   l.kernel().exprs[static_cast<size_t>(result)].value = identity;
-  if (red.op == "mean")
+  if (kind == Reduction::mean)
     result = l.op("div", {result, l.add({.kind = ExprKind::reduce_count, .dtype = acc})}, acc);
   l.add_name(red.op);
   Kernel& k = l.kernel();
   k.stores.push_back({0, l.cast(result, out)});
   k.size_from.resize(space.size());
   for (int32_t d = 0; d < kept; ++d) k.size_from[static_cast<size_t>(d)] = {0, out_dims[static_cast<size_t>(d)]};
-  return l.finish(kept);
+  return l.finish(kept, refusal);
+}
+
+Kernel lower_reduction(const Graph& g, const std::vector<int32_t>& nodes) {
+  std::string refusal;
+  std::optional<Kernel> k = try_lower_reduction(g, nodes, refusal);
+  if (!k) fail("{}", refusal);
+  return std::move(*k);
 }
 
 }  // namespace kiln::compiler::codegen

@@ -47,7 +47,7 @@ std::vector<TensorMeta> infer_conv2d(std::span<const TensorMeta> in, const Attrs
   out.memory_format = in[0].memory_format;
   return {out};
 }
-const OpDef& kConv2d = define_op({.name = "conv2d", .infer = infer_conv2d});
+const OpDef& kConv2d = define_op({.name = "conv2d", .infer = infer_conv2d, .cast_policy = CastPolicy::lower});
 
 // Both gradients check grad_out against the forward's output shape.
 void check_grad_out(const char* op, const TensorMeta& grad_out, const Conv2dGeometry& g) {
@@ -70,7 +70,7 @@ std::vector<TensorMeta> infer_backward_input(std::span<const TensorMeta> in, con
   return {out};
 }
 const OpDef& kBackwardInput =
-    define_op({.name = "conv2d_backward_input", .infer = infer_backward_input});
+    define_op({.name = "conv2d_backward_input", .infer = infer_backward_input, .cast_policy = CastPolicy::lower});
 
 std::vector<TensorMeta> infer_backward_weight(std::span<const TensorMeta> in, const Attrs& attrs) {
   const char* op = "conv2d_backward_weight";
@@ -87,7 +87,8 @@ std::vector<TensorMeta> infer_backward_weight(std::span<const TensorMeta> in, co
 }
 int backward_weight_accumulator(std::span<const TensorMeta> in) { return in.size() == 3 && in[2].defined ? 2 : -1; }
 const OpDef& kBackwardWeight = define_op(
-    {.name = "conv2d_backward_weight", .infer = infer_backward_weight, .accumulator = backward_weight_accumulator});
+    {.name = "conv2d_backward_weight", .infer = infer_backward_weight, .accumulator = backward_weight_accumulator,
+     .cast_policy = CastPolicy::lower});
 
 }  // namespace
 

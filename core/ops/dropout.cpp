@@ -22,7 +22,8 @@ std::vector<TensorMeta> infer_dropout(std::span<const TensorMeta> in, const Attr
              metas_str(in));
   return {TensorMeta{x.shape, x.dtype, x.device}, TensorMeta{x.shape, DType::boolean, x.device}};
 }
-const OpDef& kDropout = define_op({.name = "dropout", .infer = infer_dropout, .random = true, .elementwise = true});
+const OpDef& kDropout = define_op({.name = "dropout", .infer = infer_dropout, .random = true,
+                                  .elementwise = Elementwise::opaque});
 
 }  // namespace
 

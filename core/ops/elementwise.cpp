@@ -1,6 +1,7 @@
 // Elementwise ops: their shape and dtype rules and their public functions.
 #include "core/ops/elementwise.h"
 
+#include "core/ops/elementwise_table.h"
 #include "core/registry.h"
 
 namespace kiln {
@@ -34,47 +35,38 @@ std::vector<TensorMeta> infer(const char* op, std::span<const TensorMeta> in) {
   return {out_meta(in, op, t)};
 }
 
-#define KILN_ELEMENTWISE_OP(var, op_name, rule, arity)                                        \
-  std::vector<TensorMeta> infer_##var(std::span<const TensorMeta> in, const Attrs&) {         \
-    return infer<rule, arity>(op_name, in);                                                   \
-  }                                                                                           \
-  const OpDef& var = define_op({.name = op_name, .infer = infer_##var, .elementwise = true});
+// The ops of the table (core/ops/elementwise_table.h): the rule follows the category.
+constexpr Rule rule_of(Elementwise category, bool bools) {
+  if (category == Elementwise::compare || category == Elementwise::logical) return Rule::boolean;
+  if (category == Elementwise::floating) return Rule::floating;
+  return bools ? Rule::same : Rule::no_bool;
+}
+constexpr bool bools_any = true, bools_no_bool = false;
 
-// unary
-KILN_ELEMENTWISE_OP(kNeg, "neg", Rule::no_bool, 1)
-KILN_ELEMENTWISE_OP(kAbs, "abs", Rule::same, 1)
-KILN_ELEMENTWISE_OP(kSign, "sign", Rule::same, 1)
-KILN_ELEMENTWISE_OP(kExp, "exp", Rule::floating, 1)
-KILN_ELEMENTWISE_OP(kLog, "log", Rule::floating, 1)
-KILN_ELEMENTWISE_OP(kLog1p, "log1p", Rule::floating, 1)
-KILN_ELEMENTWISE_OP(kExpm1, "expm1", Rule::floating, 1)
-KILN_ELEMENTWISE_OP(kSqrt, "sqrt", Rule::floating, 1)
-KILN_ELEMENTWISE_OP(kRsqrt, "rsqrt", Rule::floating, 1)
-KILN_ELEMENTWISE_OP(kReciprocal, "reciprocal", Rule::floating, 1)
-KILN_ELEMENTWISE_OP(kSin, "sin", Rule::floating, 1)
-KILN_ELEMENTWISE_OP(kCos, "cos", Rule::floating, 1)
-KILN_ELEMENTWISE_OP(kTanh, "tanh", Rule::floating, 1)
-KILN_ELEMENTWISE_OP(kSigmoid, "sigmoid", Rule::floating, 1)
-KILN_ELEMENTWISE_OP(kRelu, "relu", Rule::no_bool, 1)
-KILN_ELEMENTWISE_OP(kGelu, "gelu", Rule::floating, 1)
-KILN_ELEMENTWISE_OP(kSilu, "silu", Rule::floating, 1)
-KILN_ELEMENTWISE_OP(kSoftplus, "softplus", Rule::floating, 1)
-KILN_ELEMENTWISE_OP(kLogicalNot, "logical_not", Rule::boolean, 1)
-// binary
-KILN_ELEMENTWISE_OP(kMul, "mul", Rule::same, 2)
-KILN_ELEMENTWISE_OP(kDiv, "div", Rule::floating, 2)
-KILN_ELEMENTWISE_OP(kPow, "pow", Rule::same, 2)
-KILN_ELEMENTWISE_OP(kMaximum, "maximum", Rule::same, 2)
-KILN_ELEMENTWISE_OP(kMinimum, "minimum", Rule::same, 2)
-KILN_ELEMENTWISE_OP(kEq, "eq", Rule::boolean, 2)
-KILN_ELEMENTWISE_OP(kNe, "ne", Rule::boolean, 2)
-KILN_ELEMENTWISE_OP(kLt, "lt", Rule::boolean, 2)
-KILN_ELEMENTWISE_OP(kLe, "le", Rule::boolean, 2)
-KILN_ELEMENTWISE_OP(kGt, "gt", Rule::boolean, 2)
-KILN_ELEMENTWISE_OP(kGe, "ge", Rule::boolean, 2)
-KILN_ELEMENTWISE_OP(kLogicalAnd, "logical_and", Rule::boolean, 2)
-KILN_ELEMENTWISE_OP(kLogicalOr, "logical_or", Rule::boolean, 2)
-#undef KILN_ELEMENTWISE_OP
+#define KILN_DEFINE_SCALAR_OP(op, category, arity, bools, policy)                             \
+  std::vector<TensorMeta> infer_##op(std::span<const TensorMeta> in, const Attrs&) {           \
+    return infer<rule_of(Elementwise::category, bools_##bools), arity>(#op, in);               \
+  }                                                                                            \
+  const OpDef& op_##op = define_op({.name = #op, .infer = infer_##op,                          \
+                                    .elementwise = Elementwise::category,                      \
+                                    .cast_policy = CastPolicy::policy});
+KILN_SCALAR_OPS(KILN_DEFINE_SCALAR_OP)
+#undef KILN_DEFINE_SCALAR_OP
+
+// gelu and softplus: floating functions of the input and their attributes.
+std::vector<TensorMeta> infer_gelu(std::span<const TensorMeta> in, const Attrs&) {
+  return infer<Rule::floating, 1>("gelu", in);
+}
+std::vector<Scalar> gelu_args(const Attrs& a) { return {Scalar(a.str("approximate") == "tanh")}; }
+const OpDef& op_gelu = define_op({.name = "gelu", .infer = infer_gelu, .elementwise = Elementwise::floating,
+                                  .scalar_args = gelu_args});
+std::vector<TensorMeta> infer_softplus(std::span<const TensorMeta> in, const Attrs&) {
+  return infer<Rule::floating, 1>("softplus", in);
+}
+std::vector<Scalar> softplus_args(const Attrs& a) { return {Scalar(a.f("beta")), Scalar(a.f("threshold"))}; }
+const OpDef& op_softplus =
+    define_op({.name = "softplus", .infer = infer_softplus, .elementwise = Elementwise::floating,
+               .scalar_args = softplus_args, .cast_policy = CastPolicy::f32});
 
 // clamp: the bounds are attributes; they take part in type promotion as numbers do.
 std::vector<TensorMeta> infer_clamp(std::span<const TensorMeta> in, const Attrs& a) {
@@ -89,7 +81,7 @@ std::vector<TensorMeta> infer_clamp(std::span<const TensorMeta> in, const Attrs&
   KILN_CHECK(t != DType::boolean, "clamp: bool tensors are not supported ({})", metas_str(in));
   return {TensorMeta{in[0].shape, t, in[0].device}};
 }
-const OpDef& kClamp = define_op({.name = "clamp", .infer = infer_clamp, .elementwise = true});
+const OpDef& kClamp = define_op({.name = "clamp", .infer = infer_clamp, .elementwise = Elementwise::clamp});
 
 // where(cond, a, b): cond must be bool; a and b promote.
 std::vector<TensorMeta> infer_where(std::span<const TensorMeta> in, const Attrs&) {
@@ -99,7 +91,8 @@ std::vector<TensorMeta> infer_where(std::span<const TensorMeta> in, const Attrs&
   TensorMeta m = out_meta(in, "where", result_type(in.subspan(1)));
   return {m};
 }
-const OpDef& kWhere = define_op({.name = "where", .infer = infer_where, .elementwise = true});
+const OpDef& kWhere = define_op({.name = "where", .infer = infer_where, .elementwise = Elementwise::select,
+                                 .cast_policy = CastPolicy::promote});
 
 // cast: a copy converted to the `dtype` attribute, laid out as the input; clone: a
 // contiguous copy, or one laid out channels_last with {channels_last=true}.
@@ -109,7 +102,7 @@ std::vector<TensorMeta> infer_cast(std::span<const TensorMeta> in, const Attrs& 
   out.memory_format = in[0].memory_format;
   return {out};
 }
-const OpDef& kCast = define_op({.name = "cast", .infer = infer_cast, .elementwise = true});
+const OpDef& kCast = define_op({.name = "cast", .infer = infer_cast, .elementwise = Elementwise::convert});
 std::vector<TensorMeta> infer_clone(std::span<const TensorMeta> in, const Attrs& a) {
   check_inputs(in, 1, "clone");
   TensorMeta out{in[0].shape, in[0].dtype, in[0].device};
@@ -120,19 +113,19 @@ std::vector<TensorMeta> infer_clone(std::span<const TensorMeta> in, const Attrs&
   }
   return {out};
 }
-const OpDef& kClone = define_op({.name = "clone", .infer = infer_clone, .elementwise = true});
+const OpDef& kClone = define_op({.name = "clone", .infer = infer_clone, .elementwise = Elementwise::convert});
 // fill: a tensor shaped like the input, every element `value` (used in place by fill_).
 std::vector<TensorMeta> infer_fill(std::span<const TensorMeta> in, const Attrs&) {
   check_inputs(in, 1, "fill");
   return {TensorMeta{in[0].shape, in[0].dtype, in[0].device}};
 }
-const OpDef& kFill = define_op({.name = "fill", .infer = infer_fill, .elementwise = true});
+const OpDef& kFill = define_op({.name = "fill", .infer = infer_fill, .elementwise = Elementwise::fill});
 // to_device: a copy on another device.
 std::vector<TensorMeta> infer_to_device(std::span<const TensorMeta> in, const Attrs& a) {
   check_inputs(in, 1, "to_device");
   return {TensorMeta{in[0].shape, in[0].dtype, a.device("device")}};
 }
-const OpDef& kToDevice = define_op({.name = "to_device", .infer = infer_to_device, .elementwise = true});
+const OpDef& kToDevice = define_op({.name = "to_device", .infer = infer_to_device, .elementwise = Elementwise::opaque});
 
 // add and sub: a floating alpha cannot scale an integer result (PyTorch's rule).
 template <Rule rule>
@@ -151,8 +144,10 @@ std::vector<TensorMeta> infer_add(std::span<const TensorMeta> in, const Attrs& a
 std::vector<TensorMeta> infer_sub(std::span<const TensorMeta> in, const Attrs& a) {
   return infer_add_sub<Rule::no_bool>("sub", in, a);
 }
-const OpDef& kAdd = define_op({.name = "add", .infer = infer_add, .elementwise = true});
-const OpDef& kSub = define_op({.name = "sub", .infer = infer_sub, .elementwise = true});
+const OpDef& kAdd = define_op({.name = "add", .infer = infer_add, .elementwise = Elementwise::same,
+                                .cast_policy = CastPolicy::promote});
+const OpDef& kSub = define_op({.name = "sub", .infer = infer_sub, .elementwise = Elementwise::same,
+                                .cast_policy = CastPolicy::promote});
 
 Tensor unary(const OpDef& op, const Tensor& x, const Attrs& attrs = {}) {
   return call_op1(op, {x}, attrs);
@@ -172,31 +167,31 @@ Attrs alpha_attrs(Scalar alpha) {
 
 }  // namespace
 
-Tensor neg(const Tensor& x) { return unary(kNeg, x); }
-Tensor abs(const Tensor& x) { return unary(kAbs, x); }
-Tensor sign(const Tensor& x) { return unary(kSign, x); }
-Tensor exp(const Tensor& x) { return unary(kExp, x); }
-Tensor log(const Tensor& x) { return unary(kLog, x); }
-Tensor log1p(const Tensor& x) { return unary(kLog1p, x); }
-Tensor expm1(const Tensor& x) { return unary(kExpm1, x); }
-Tensor sqrt(const Tensor& x) { return unary(kSqrt, x); }
-Tensor rsqrt(const Tensor& x) { return unary(kRsqrt, x); }
-Tensor reciprocal(const Tensor& x) { return unary(kReciprocal, x); }
-Tensor sin(const Tensor& x) { return unary(kSin, x); }
-Tensor cos(const Tensor& x) { return unary(kCos, x); }
-Tensor tanh(const Tensor& x) { return unary(kTanh, x); }
-Tensor sigmoid(const Tensor& x) { return unary(kSigmoid, x); }
-Tensor relu(const Tensor& x) { return unary(kRelu, x); }
+Tensor neg(const Tensor& x) { return unary(op_neg, x); }
+Tensor abs(const Tensor& x) { return unary(op_abs, x); }
+Tensor sign(const Tensor& x) { return unary(op_sign, x); }
+Tensor exp(const Tensor& x) { return unary(op_exp, x); }
+Tensor log(const Tensor& x) { return unary(op_log, x); }
+Tensor log1p(const Tensor& x) { return unary(op_log1p, x); }
+Tensor expm1(const Tensor& x) { return unary(op_expm1, x); }
+Tensor sqrt(const Tensor& x) { return unary(op_sqrt, x); }
+Tensor rsqrt(const Tensor& x) { return unary(op_rsqrt, x); }
+Tensor reciprocal(const Tensor& x) { return unary(op_reciprocal, x); }
+Tensor sin(const Tensor& x) { return unary(op_sin, x); }
+Tensor cos(const Tensor& x) { return unary(op_cos, x); }
+Tensor tanh(const Tensor& x) { return unary(op_tanh, x); }
+Tensor sigmoid(const Tensor& x) { return unary(op_sigmoid, x); }
+Tensor relu(const Tensor& x) { return unary(op_relu, x); }
 Tensor gelu(const Tensor& x, const std::string& approximate) {
   KILN_CHECK(approximate == "none" || approximate == "tanh",
              "gelu: approximate must be \"none\" or \"tanh\", got \"{}\"", approximate);
-  return unary(kGelu, x, {{"approximate", approximate}});
+  return unary(op_gelu, x, {{"approximate", approximate}});
 }
-Tensor silu(const Tensor& x) { return unary(kSilu, x); }
+Tensor silu(const Tensor& x) { return unary(op_silu, x); }
 Tensor softplus(const Tensor& x, double beta, double threshold) {
-  return unary(kSoftplus, x, {{"beta", beta}, {"threshold", threshold}});
+  return unary(op_softplus, x, {{"beta", beta}, {"threshold", threshold}});
 }
-Tensor logical_not(const Tensor& x) { return unary(kLogicalNot, x); }
+Tensor logical_not(const Tensor& x) { return unary(op_logical_not, x); }
 
 static Attrs clamp_attrs(std::optional<Scalar> min, std::optional<Scalar> max) {
   Attrs a;
@@ -219,35 +214,35 @@ Tensor sub(const Tensor& a, const Tensor& b, Scalar alpha) {
 }
 Tensor sub(const Tensor& a, Scalar b) { return binary(kSub, a, wrap_scalar(b)); }
 Tensor operator-(Scalar a, const Tensor& b) { return binary(kSub, wrap_scalar(a), b); }
-Tensor mul(const Tensor& a, const Tensor& b) { return binary(kMul, a, b); }
-Tensor mul(const Tensor& a, Scalar b) { return binary(kMul, a, wrap_scalar(b)); }
-Tensor div(const Tensor& a, const Tensor& b) { return binary(kDiv, a, b); }
-Tensor div(const Tensor& a, Scalar b) { return binary(kDiv, a, wrap_scalar(b)); }
-Tensor operator/(Scalar a, const Tensor& b) { return binary(kDiv, wrap_scalar(a), b); }
-Tensor pow(const Tensor& a, const Tensor& b) { return binary(kPow, a, b); }
+Tensor mul(const Tensor& a, const Tensor& b) { return binary(op_mul, a, b); }
+Tensor mul(const Tensor& a, Scalar b) { return binary(op_mul, a, wrap_scalar(b)); }
+Tensor div(const Tensor& a, const Tensor& b) { return binary(op_div, a, b); }
+Tensor div(const Tensor& a, Scalar b) { return binary(op_div, a, wrap_scalar(b)); }
+Tensor operator/(Scalar a, const Tensor& b) { return binary(op_div, wrap_scalar(a), b); }
+Tensor pow(const Tensor& a, const Tensor& b) { return binary(op_pow, a, b); }
 Tensor pow(const Tensor& a, Scalar b) {
   KILN_CHECK(b.is_floating() || b.to_int() >= 0 || is_floating(a.dtype()),
              "pow: integers to negative integer powers are not allowed ({} ** {})", a.meta_str(),
              b.to_int());
-  return binary(kPow, a, wrap_scalar(b));
+  return binary(op_pow, a, wrap_scalar(b));
 }
-Tensor pow(Scalar a, const Tensor& b) { return binary(kPow, wrap_scalar(a), b); }
-Tensor maximum(const Tensor& a, const Tensor& b) { return binary(kMaximum, a, b); }
-Tensor minimum(const Tensor& a, const Tensor& b) { return binary(kMinimum, a, b); }
-Tensor eq(const Tensor& a, const Tensor& b) { return binary(kEq, a, b); }
-Tensor eq(const Tensor& a, Scalar b) { return binary(kEq, a, wrap_scalar(b)); }
-Tensor ne(const Tensor& a, const Tensor& b) { return binary(kNe, a, b); }
-Tensor ne(const Tensor& a, Scalar b) { return binary(kNe, a, wrap_scalar(b)); }
-Tensor lt(const Tensor& a, const Tensor& b) { return binary(kLt, a, b); }
-Tensor lt(const Tensor& a, Scalar b) { return binary(kLt, a, wrap_scalar(b)); }
-Tensor le(const Tensor& a, const Tensor& b) { return binary(kLe, a, b); }
-Tensor le(const Tensor& a, Scalar b) { return binary(kLe, a, wrap_scalar(b)); }
-Tensor gt(const Tensor& a, const Tensor& b) { return binary(kGt, a, b); }
-Tensor gt(const Tensor& a, Scalar b) { return binary(kGt, a, wrap_scalar(b)); }
-Tensor ge(const Tensor& a, const Tensor& b) { return binary(kGe, a, b); }
-Tensor ge(const Tensor& a, Scalar b) { return binary(kGe, a, wrap_scalar(b)); }
-Tensor logical_and(const Tensor& a, const Tensor& b) { return binary(kLogicalAnd, a, b); }
-Tensor logical_or(const Tensor& a, const Tensor& b) { return binary(kLogicalOr, a, b); }
+Tensor pow(Scalar a, const Tensor& b) { return binary(op_pow, wrap_scalar(a), b); }
+Tensor maximum(const Tensor& a, const Tensor& b) { return binary(op_maximum, a, b); }
+Tensor minimum(const Tensor& a, const Tensor& b) { return binary(op_minimum, a, b); }
+Tensor eq(const Tensor& a, const Tensor& b) { return binary(op_eq, a, b); }
+Tensor eq(const Tensor& a, Scalar b) { return binary(op_eq, a, wrap_scalar(b)); }
+Tensor ne(const Tensor& a, const Tensor& b) { return binary(op_ne, a, b); }
+Tensor ne(const Tensor& a, Scalar b) { return binary(op_ne, a, wrap_scalar(b)); }
+Tensor lt(const Tensor& a, const Tensor& b) { return binary(op_lt, a, b); }
+Tensor lt(const Tensor& a, Scalar b) { return binary(op_lt, a, wrap_scalar(b)); }
+Tensor le(const Tensor& a, const Tensor& b) { return binary(op_le, a, b); }
+Tensor le(const Tensor& a, Scalar b) { return binary(op_le, a, wrap_scalar(b)); }
+Tensor gt(const Tensor& a, const Tensor& b) { return binary(op_gt, a, b); }
+Tensor gt(const Tensor& a, Scalar b) { return binary(op_gt, a, wrap_scalar(b)); }
+Tensor ge(const Tensor& a, const Tensor& b) { return binary(op_ge, a, b); }
+Tensor ge(const Tensor& a, Scalar b) { return binary(op_ge, a, wrap_scalar(b)); }
+Tensor logical_and(const Tensor& a, const Tensor& b) { return binary(op_logical_and, a, b); }
+Tensor logical_or(const Tensor& a, const Tensor& b) { return binary(op_logical_or, a, b); }
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   return call_op1(kWhere, {cond, a, b});
 }
@@ -258,16 +253,16 @@ Tensor where(const Tensor& cond, Scalar a, const Tensor& b) {
   return call_op1(kWhere, {cond, wrap_scalar(a), b});
 }
 
-Tensor& neg_(Tensor& x) { return inplace(kNeg, x, {x}); }
-Tensor& exp_(Tensor& x) { return inplace(kExp, x, {x}); }
-Tensor& sqrt_(Tensor& x) { return inplace(kSqrt, x, {x}); }
-Tensor& tanh_(Tensor& x) { return inplace(kTanh, x, {x}); }
-Tensor& sigmoid_(Tensor& x) { return inplace(kSigmoid, x, {x}); }
-Tensor& relu_(Tensor& x) { return inplace(kRelu, x, {x}); }
+Tensor& neg_(Tensor& x) { return inplace(op_neg, x, {x}); }
+Tensor& exp_(Tensor& x) { return inplace(op_exp, x, {x}); }
+Tensor& sqrt_(Tensor& x) { return inplace(op_sqrt, x, {x}); }
+Tensor& tanh_(Tensor& x) { return inplace(op_tanh, x, {x}); }
+Tensor& sigmoid_(Tensor& x) { return inplace(op_sigmoid, x, {x}); }
+Tensor& relu_(Tensor& x) { return inplace(op_relu, x, {x}); }
 Tensor& clamp_(Tensor& x, std::optional<Scalar> min, std::optional<Scalar> max) {
   return inplace(kClamp, x, {x}, clamp_attrs(min, max));
 }
-Tensor& pow_(Tensor& x, Scalar exponent) { return inplace(kPow, x, {x, wrap_scalar(exponent)}); }
+Tensor& pow_(Tensor& x, Scalar exponent) { return inplace(op_pow, x, {x, wrap_scalar(exponent)}); }
 
 // ---- Tensor members ----
 
@@ -288,19 +283,19 @@ Tensor& Tensor::sub_(Scalar other) {
   return *this;
 }
 Tensor& Tensor::mul_(const Tensor& other) {
-  call_op_out(kMul, {*this, other}, {}, *this);
+  call_op_out(op_mul, {*this, other}, {}, *this);
   return *this;
 }
 Tensor& Tensor::mul_(Scalar other) {
-  call_op_out(kMul, {*this, wrap_scalar(other)}, {}, *this);
+  call_op_out(op_mul, {*this, wrap_scalar(other)}, {}, *this);
   return *this;
 }
 Tensor& Tensor::div_(const Tensor& other) {
-  call_op_out(kDiv, {*this, other}, {}, *this);
+  call_op_out(op_div, {*this, other}, {}, *this);
   return *this;
 }
 Tensor& Tensor::div_(Scalar other) {
-  call_op_out(kDiv, {*this, wrap_scalar(other)}, {}, *this);
+  call_op_out(op_div, {*this, wrap_scalar(other)}, {}, *this);
   return *this;
 }
 Tensor& Tensor::fill_(Scalar value) {

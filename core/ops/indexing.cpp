@@ -67,7 +67,8 @@ std::vector<TensorMeta> infer_scatter_add(std::span<const TensorMeta> in, const 
 // The input is read only at the element written (src is added to it there).
 int scatter_add_accumulator(std::span<const TensorMeta>) { return 0; }
 const OpDef& kScatterAdd =
-    define_op({.name = "scatter_add", .infer = infer_scatter_add, .accumulator = scatter_add_accumulator});
+    define_op({.name = "scatter_add", .infer = infer_scatter_add, .accumulator = scatter_add_accumulator,
+               .cast_policy = CastPolicy::promote});
 
 // ---- index_select / embedding ----
 std::vector<TensorMeta> infer_index_select(std::span<const TensorMeta> in, const Attrs& a) {
@@ -176,7 +177,7 @@ std::vector<TensorMeta> infer_cumsum(std::span<const TensorMeta> in, const Attrs
                                                    : in[0].dtype;
   return {TensorMeta{in[0].shape, t, in[0].device}};
 }
-const OpDef& kCumsum = define_op({.name = "cumsum", .infer = infer_cumsum});
+const OpDef& kCumsum = define_op({.name = "cumsum", .infer = infer_cumsum, .cast_policy = CastPolicy::f32});
 
 // ---- topk / sort ----
 std::vector<TensorMeta> infer_topk(std::span<const TensorMeta> in, const Attrs& a) {

@@ -55,7 +55,7 @@ std::vector<TensorMeta> infer_cat(std::span<const TensorMeta> in, const Attrs& a
   }
   return {TensorMeta{out, dtype, device}};
 }
-const OpDef& kCat = define_op({.name = "cat", .infer = infer_cat});
+const OpDef& kCat = define_op({.name = "cat", .infer = infer_cat, .cast_policy = CastPolicy::promote});
 
 std::vector<TensorMeta> infer_stack(std::span<const TensorMeta> in, const Attrs& a) {
   check_defined(in, "stack");
@@ -71,7 +71,7 @@ std::vector<TensorMeta> infer_stack(std::span<const TensorMeta> in, const Attrs&
   out.insert(out.begin() + dim, static_cast<int64_t>(in.size()));
   return {TensorMeta{out, result_type(in), common_device(in, "stack")}};
 }
-const OpDef& kStack = define_op({.name = "stack", .infer = infer_stack});
+const OpDef& kStack = define_op({.name = "stack", .infer = infer_stack, .cast_policy = CastPolicy::promote});
 
 std::vector<TensorMeta> infer_pad(std::span<const TensorMeta> in, const Attrs& a) {
   KILN_CHECK(in.size() == 1 && in[0].defined, "pad: expects one tensor");

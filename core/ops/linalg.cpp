@@ -49,7 +49,7 @@ std::vector<TensorMeta> infer_matmul(std::span<const TensorMeta> in, const Attrs
   if (nb >= 2) out.push_back(b.shape[nb - 1]);
   return {TensorMeta{out, a.dtype, a.device}};
 }
-const OpDef& kMatmul = define_op({.name = "matmul", .infer = infer_matmul});
+const OpDef& kMatmul = define_op({.name = "matmul", .infer = infer_matmul, .cast_policy = CastPolicy::lower});
 
 std::vector<TensorMeta> infer_mm(std::span<const TensorMeta> in, const Attrs&) {
   KILN_CHECK(in.size() == 2, "mm: expects 2 tensors, got {}", in.size());
@@ -60,7 +60,7 @@ std::vector<TensorMeta> infer_mm(std::span<const TensorMeta> in, const Attrs&) {
   check_inner("mm", a.shape, b.shape, a.shape[1], b.shape[0]);
   return {TensorMeta{{a.shape[0], b.shape[1]}, a.dtype, a.device}};
 }
-const OpDef& kMm = define_op({.name = "mm", .infer = infer_mm});
+const OpDef& kMm = define_op({.name = "mm", .infer = infer_mm, .cast_policy = CastPolicy::lower});
 
 std::vector<TensorMeta> infer_bmm(std::span<const TensorMeta> in, const Attrs&) {
   KILN_CHECK(in.size() == 2, "bmm: expects 2 tensors, got {}", in.size());
@@ -73,7 +73,7 @@ std::vector<TensorMeta> infer_bmm(std::span<const TensorMeta> in, const Attrs&) 
   check_inner("bmm", a.shape, b.shape, a.shape[2], b.shape[1]);
   return {TensorMeta{{a.shape[0], a.shape[1], b.shape[2]}, a.dtype, a.device}};
 }
-const OpDef& kBmm = define_op({.name = "bmm", .infer = infer_bmm});
+const OpDef& kBmm = define_op({.name = "bmm", .infer = infer_bmm, .cast_policy = CastPolicy::lower});
 
 // addmm(bias, a, b) with attributes beta and alpha (Scalars).
 std::vector<TensorMeta> infer_addmm(std::span<const TensorMeta> in, const Attrs&) {
@@ -101,7 +101,8 @@ int addmm_accumulator(std::span<const TensorMeta> in) {
              ? 0
              : -1;
 }
-const OpDef& kAddmm = define_op({.name = "addmm", .infer = infer_addmm, .accumulator = addmm_accumulator});
+const OpDef& kAddmm = define_op({.name = "addmm", .infer = infer_addmm, .accumulator = addmm_accumulator,
+                                 .cast_policy = CastPolicy::lower});
 
 }  // namespace
 

@@ -138,12 +138,12 @@ std::vector<TensorMeta> infer_mse_backward(std::span<const TensorMeta> in, const
 }
 
 const OpDef& kNllLoss =
-    define_op({.name = kNllLossName, .infer = infer_class_index_loss<kNllLossName>});
+    define_op({.name = kNllLossName, .infer = infer_class_index_loss<kNllLossName>, .cast_policy = CastPolicy::f32});
 const OpDef& kCrossEntropyLoss = define_op(
-    {.name = kCrossEntropyLossName, .infer = infer_class_index_loss<kCrossEntropyLossName>});
+    {.name = kCrossEntropyLossName, .infer = infer_class_index_loss<kCrossEntropyLossName>, .cast_policy = CastPolicy::f32});
 const OpDef& kCrossEntropyProbLoss =
-    define_op({.name = "cross_entropy_prob_loss", .infer = infer_prob_loss});
-const OpDef& kMseLoss = define_op({.name = "mse_loss", .infer = infer_mse});
+    define_op({.name = "cross_entropy_prob_loss", .infer = infer_prob_loss, .cast_policy = CastPolicy::f32});
+const OpDef& kMseLoss = define_op({.name = "mse_loss", .infer = infer_mse, .cast_policy = CastPolicy::f32});
 const OpDef& kNllLossBackward = define_op(
     {.name = kNllLossBackwardName, .infer = infer_class_index_backward<kNllLossBackwardName>});
 const OpDef& kCrossEntropyLossBackward =

@@ -161,7 +161,7 @@ std::vector<TensorMeta> infer_layer_norm(std::span<const TensorMeta> in, const A
   return {TensorMeta{x.shape, x.dtype, device}, TensorMeta{stats, s, device},
           TensorMeta{stats, s, device}};
 }
-const OpDef& kLayerNorm = define_op({.name = "layer_norm", .infer = infer_layer_norm});
+const OpDef& kLayerNorm = define_op({.name = "layer_norm", .infer = infer_layer_norm, .cast_policy = CastPolicy::f32});
 
 // (grad_out, input, mean, rstd, weight?) -> (grad_input, grad_weight, grad_bias)
 std::vector<TensorMeta> infer_layer_norm_backward(std::span<const TensorMeta> in, const Attrs& a) {

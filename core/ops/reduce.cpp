@@ -86,8 +86,10 @@ std::vector<TensorMeta> infer_sum_prod(std::span<const TensorMeta> in, const Att
 }
 constexpr char kSumName[] = "sum";
 constexpr char kProdName[] = "prod";
-const OpDef& kSum = define_op({.name = "sum", .infer = infer_sum_prod<kSumName>});
-const OpDef& kProd = define_op({.name = "prod", .infer = infer_sum_prod<kProdName>});
+const OpDef& kSum = define_op({.name = "sum", .infer = infer_sum_prod<kSumName>, .reduction = Reduction::sum,
+                                  .cast_policy = CastPolicy::f32});
+const OpDef& kProd = define_op({.name = "prod", .infer = infer_sum_prod<kProdName>,
+                                   .reduction = Reduction::other, .cast_policy = CastPolicy::f32});
 
 std::vector<TensorMeta> infer_mean(std::span<const TensorMeta> in, const Attrs& a) {
   Shape shape = reduce_shape(in, dims_attr(a), keepdim_attr(a), "mean");
@@ -101,7 +103,8 @@ std::vector<TensorMeta> infer_mean(std::span<const TensorMeta> in, const Attrs& 
              metas_str(in));
   return {meta(in, std::move(shape), in[0].dtype)};
 }
-const OpDef& kMean = define_op({.name = "mean", .infer = infer_mean});
+const OpDef& kMean = define_op({.name = "mean", .infer = infer_mean, .reduction = Reduction::mean,
+                                   .cast_policy = CastPolicy::f32});
 
 // max, min: with a `dim` attribute, values and i64 indices along it; without, the one
 // extreme element of the whole tensor.
@@ -116,8 +119,8 @@ std::vector<TensorMeta> infer_max_min(std::span<const TensorMeta> in, const Attr
 }
 constexpr char kMaxName[] = "max";
 constexpr char kMinName[] = "min";
-const OpDef& kMax = define_op({.name = "max", .infer = infer_max_min<kMaxName>});
-const OpDef& kMin = define_op({.name = "min", .infer = infer_max_min<kMinName>});
+const OpDef& kMax = define_op({.name = "max", .infer = infer_max_min<kMaxName>, .reduction = Reduction::other});
+const OpDef& kMin = define_op({.name = "min", .infer = infer_max_min<kMinName>, .reduction = Reduction::other});
 
 template <const char* op>
 std::vector<TensorMeta> infer_amax_amin(std::span<const TensorMeta> in, const Attrs& a) {
@@ -126,8 +129,8 @@ std::vector<TensorMeta> infer_amax_amin(std::span<const TensorMeta> in, const At
 }
 constexpr char kAmaxName[] = "amax";
 constexpr char kAminName[] = "amin";
-const OpDef& kAmax = define_op({.name = "amax", .infer = infer_amax_amin<kAmaxName>});
-const OpDef& kAmin = define_op({.name = "amin", .infer = infer_amax_amin<kAminName>});
+const OpDef& kAmax = define_op({.name = "amax", .infer = infer_amax_amin<kAmaxName>, .reduction = Reduction::amax});
+const OpDef& kAmin = define_op({.name = "amin", .infer = infer_amax_amin<kAminName>, .reduction = Reduction::amin});
 
 // argmax, argmin: along `dim`, or over the flattened tensor when there is none.
 template <const char* op>
@@ -138,8 +141,8 @@ std::vector<TensorMeta> infer_arg(std::span<const TensorMeta> in, const Attrs& a
 }
 constexpr char kArgmaxName[] = "argmax";
 constexpr char kArgminName[] = "argmin";
-const OpDef& kArgmax = define_op({.name = "argmax", .infer = infer_arg<kArgmaxName>});
-const OpDef& kArgmin = define_op({.name = "argmin", .infer = infer_arg<kArgminName>});
+const OpDef& kArgmax = define_op({.name = "argmax", .infer = infer_arg<kArgmaxName>, .reduction = Reduction::other});
+const OpDef& kArgmin = define_op({.name = "argmin", .infer = infer_arg<kArgminName>, .reduction = Reduction::other});
 
 // var, std: floating inputs only; the result keeps the input's dtype.
 template <const char* op>
@@ -150,15 +153,18 @@ std::vector<TensorMeta> infer_var_std(std::span<const TensorMeta> in, const Attr
 }
 constexpr char kVarName[] = "var";
 constexpr char kStdName[] = "std";
-const OpDef& kVar = define_op({.name = "var", .infer = infer_var_std<kVarName>});
-const OpDef& kStd = define_op({.name = "std", .infer = infer_var_std<kStdName>});
+const OpDef& kVar = define_op({.name = "var", .infer = infer_var_std<kVarName>, .reduction = Reduction::other,
+                                  .cast_policy = CastPolicy::f32});
+const OpDef& kStd = define_op({.name = "std", .infer = infer_var_std<kStdName>, .reduction = Reduction::other,
+                                  .cast_policy = CastPolicy::f32});
 
 std::vector<TensorMeta> infer_logsumexp(std::span<const TensorMeta> in, const Attrs& a) {
   Shape shape = reduce_shape(in, dims_attr(a), keepdim_attr(a), "logsumexp");
   const DType t = in[0].dtype;
   return {meta(in, std::move(shape), is_floating(t) ? t : kDefaultFloat)};
 }
-const OpDef& kLogsumexp = define_op({.name = "logsumexp", .infer = infer_logsumexp});
+const OpDef& kLogsumexp = define_op({.name = "logsumexp", .infer = infer_logsumexp, .reduction = Reduction::other,
+                                        .cast_policy = CastPolicy::f32});
 
 template <const char* op>
 std::vector<TensorMeta> infer_all_any(std::span<const TensorMeta> in, const Attrs& a) {
@@ -168,8 +174,8 @@ std::vector<TensorMeta> infer_all_any(std::span<const TensorMeta> in, const Attr
 }
 constexpr char kAllName[] = "all";
 constexpr char kAnyName[] = "any";
-const OpDef& kAll = define_op({.name = "all", .infer = infer_all_any<kAllName>});
-const OpDef& kAny = define_op({.name = "any", .infer = infer_all_any<kAnyName>});
+const OpDef& kAll = define_op({.name = "all", .infer = infer_all_any<kAllName>, .reduction = Reduction::other});
+const OpDef& kAny = define_op({.name = "any", .infer = infer_all_any<kAnyName>, .reduction = Reduction::other});
 
 // norm: the infinite and negative norms have no identity, so they reject empty reductions.
 std::vector<TensorMeta> infer_norm(std::span<const TensorMeta> in, const Attrs& a) {
@@ -180,7 +186,8 @@ std::vector<TensorMeta> infer_norm(std::span<const TensorMeta> in, const Attrs& 
   check_floating(in, "norm");
   return {meta(in, std::move(shape), in[0].dtype)};
 }
-const OpDef& kNorm = define_op({.name = "norm", .infer = infer_norm});
+const OpDef& kNorm = define_op({.name = "norm", .infer = infer_norm, .reduction = Reduction::other,
+                                   .cast_policy = CastPolicy::f32});
 
 Attrs dims_attrs(const DimList& dims, bool keepdim) {
   return {{"dims", dims}, {"keepdim", keepdim}};

@@ -39,9 +39,9 @@ constexpr char kLogSoftmaxName[] = "log_softmax";
 constexpr char kSoftmaxBackwardName[] = "softmax_backward";
 constexpr char kLogSoftmaxBackwardName[] = "log_softmax_backward";
 
-const OpDef& kSoftmax = define_op({.name = kSoftmaxName, .infer = infer_forward<kSoftmaxName>});
+const OpDef& kSoftmax = define_op({.name = kSoftmaxName, .infer = infer_forward<kSoftmaxName>, .cast_policy = CastPolicy::f32});
 const OpDef& kLogSoftmax =
-    define_op({.name = kLogSoftmaxName, .infer = infer_forward<kLogSoftmaxName>});
+    define_op({.name = kLogSoftmaxName, .infer = infer_forward<kLogSoftmaxName>, .cast_policy = CastPolicy::f32});
 const OpDef& kSoftmaxBackward =
     define_op({.name = kSoftmaxBackwardName, .infer = infer_backward<kSoftmaxBackwardName>});
 const OpDef& kLogSoftmaxBackward =

@@ -1,6 +1,7 @@
 // CPU kernels of the elementwise ops, each a loop over a function of kernels/scalar.h.
 #include "kernels/cpu/elementwise.h"
 
+#include "core/ops/elementwise_table.h"
 #include "kernels/cpu/loops.h"
 #include "kernels/scalar.h"
 
@@ -56,6 +57,17 @@ void logical(Span in, Span out, const Attrs&) {
     if constexpr (arity == 1) map<bool, bool>(o, F, as_dtype(in[0], DType::boolean));
     else map<bool, bool, bool>(o, F, as_dtype(in[0], DType::boolean), as_dtype(in[1], DType::boolean));
   });
+}
+
+// The kernel of an op of core/ops/elementwise_table.h: F, its scalar function, looped as
+// its category says.
+template <Elementwise category, int arity, auto F>
+void table_op(Span in, Span out, const Attrs& attrs) {
+  if constexpr (category == Elementwise::logical) logical<F, arity>(in, out, attrs);
+  else if constexpr (category == Elementwise::compare) compare<F>(in, out, attrs);
+  else if constexpr (arity == 1 && category == Elementwise::floating) unary_floating<F>(in, out, attrs);
+  else if constexpr (arity == 1) unary_same<F>(in, out, attrs);
+  else binary<F, category == Elementwise::floating>(in, out, attrs);
 }
 
 // a + alpha * b and a - alpha * b
@@ -183,41 +195,15 @@ void to_device_cpu(Span in, Span out, const Attrs& attrs) {
 struct Registrar {
   Registrar() {
     constexpr auto cpu = DeviceType::cpu;
-    register_kernel("neg", cpu, unary_same<[](auto x) { return scalar::neg(x); }>);
-    register_kernel("abs", cpu, unary_same<[](auto x) { return scalar::abs(x); }>);
-    register_kernel("sign", cpu, unary_same<[](auto x) { return scalar::sign(x); }>);
-    register_kernel("relu", cpu, unary_same<[](auto x) { return scalar::relu(x); }>);
-    register_kernel("exp", cpu, unary_floating<[](auto x) { return scalar::exp(x); }>);
-    register_kernel("log", cpu, unary_floating<[](auto x) { return scalar::log(x); }>);
-    register_kernel("log1p", cpu, unary_floating<[](auto x) { return scalar::log1p(x); }>);
-    register_kernel("expm1", cpu, unary_floating<[](auto x) { return scalar::expm1(x); }>);
-    register_kernel("sqrt", cpu, unary_floating<[](auto x) { return scalar::sqrt(x); }>);
-    register_kernel("rsqrt", cpu, unary_floating<[](auto x) { return scalar::rsqrt(x); }>);
-    register_kernel("reciprocal", cpu, unary_floating<[](auto x) { return scalar::reciprocal(x); }>);
-    register_kernel("sin", cpu, unary_floating<[](auto x) { return scalar::sin(x); }>);
-    register_kernel("cos", cpu, unary_floating<[](auto x) { return scalar::cos(x); }>);
-    register_kernel("tanh", cpu, unary_floating<[](auto x) { return scalar::tanh(x); }>);
-    register_kernel("sigmoid", cpu, unary_floating<[](auto x) { return scalar::sigmoid(x); }>);
-    register_kernel("silu", cpu, unary_floating<[](auto x) { return scalar::silu(x); }>);
+#define KILN_REGISTER_SCALAR_OP(name, category, arity, bools, policy) \
+  register_kernel(#name, cpu, table_op<Elementwise::category, arity, [](auto... x) { return scalar::name(x...); }>);
+    KILN_SCALAR_OPS(KILN_REGISTER_SCALAR_OP)
+#undef KILN_REGISTER_SCALAR_OP
     register_kernel("gelu", cpu, gelu);
     register_kernel("softplus", cpu, softplus);
     register_kernel("clamp", cpu, clamp);
-    register_kernel("logical_not", cpu, logical<[](bool x) { return !x; }, 1>);
-    register_kernel("logical_and", cpu, logical<[](bool a, bool b) { return a && b; }, 2>);
-    register_kernel("logical_or", cpu, logical<[](bool a, bool b) { return a || b; }, 2>);
     register_kernel("add", cpu, add_sub<false>);
     register_kernel("sub", cpu, add_sub<true>);
-    register_kernel("mul", cpu, binary<[](auto a, auto b) { return scalar::mul(a, b); }, false>);
-    register_kernel("div", cpu, binary<[](auto a, auto b) { return scalar::div(a, b); }, true>);
-    register_kernel("pow", cpu, binary<[](auto a, auto b) { return scalar::pow(a, b); }, false>);
-    register_kernel("maximum", cpu, binary<[](auto a, auto b) { return scalar::maximum(a, b); }, false>);
-    register_kernel("minimum", cpu, binary<[](auto a, auto b) { return scalar::minimum(a, b); }, false>);
-    register_kernel("eq", cpu, compare<[](auto a, auto b) { return scalar::eq(a, b); }>);
-    register_kernel("ne", cpu, compare<[](auto a, auto b) { return scalar::ne(a, b); }>);
-    register_kernel("lt", cpu, compare<[](auto a, auto b) { return scalar::lt(a, b); }>);
-    register_kernel("le", cpu, compare<[](auto a, auto b) { return scalar::le(a, b); }>);
-    register_kernel("gt", cpu, compare<[](auto a, auto b) { return scalar::gt(a, b); }>);
-    register_kernel("ge", cpu, compare<[](auto a, auto b) { return scalar::ge(a, b); }>);
     register_kernel("where", cpu, where);
     register_kernel("fill", cpu, fill);
     register_kernel("cast", cpu, cast);
