@@ -172,5 +172,4 @@ using compiler::compile;
 using compiler::explain;
 using compiler::TracedFunction;
 using compiler::TraceOptions;
-using compiler::module_names;
 }  // namespace kiln

@@ -7,7 +7,6 @@
 #include "autograd/meta.h"
 #include "compiler/tracer.h"
 #include "core/registry.h"
-#include "models/module.h"
 
 namespace kiln::compiler {
 
@@ -78,13 +77,6 @@ Trace trace(const TracedFunction& fn, const std::vector<Tensor>& args,
   }
   result.results = std::move(returned);
   return result;
-}
-
-TraceOptions module_names(const nn::Module& module) {
-  TraceOptions options;
-  for (const auto& [name, p] : module.named_parameters()) options.names[p.impl()] = name;
-  for (const auto& [name, b] : module.named_buffers()) options.names[b.impl()] = name;
-  return options;
 }
 
 }  // namespace kiln::compiler

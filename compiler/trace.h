@@ -66,10 +66,6 @@
 #include "compiler/ir/graph.h"
 #include "core/tensor.h"
 
-namespace kiln::nn {
-class Module;
-}
-
 namespace kiln::compiler {
 
 using TracedFunction = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;
@@ -83,10 +79,6 @@ struct TraceOptions {
   // split run would split it (Trace::after_break; explain() reports it).
   bool record_after_break = false;
 };
-
-// TraceOptions naming a module's parameters and buffers by their dotted names
-// ("layer1.0.conv1.weight"), for graphs, dumps and messages.
-TraceOptions module_names(const nn::Module& module);
 
 // A leaf's .grad that the traced function replaced: graph input `input` (an argument or a
 // captured tensor) gets the value `value` as its new .grad; `value` none means cleared.

@@ -39,6 +39,7 @@
 #include "core/device.h"
 #include "core/dtype.h"
 #include "core/tensor.h"
+#include "models/module_adapters.h"
 
 namespace kiln::nn {
 

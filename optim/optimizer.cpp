@@ -7,7 +7,6 @@
 #include "core/grad_mode.h"
 #include "core/ops/factory.h"
 #include "core/registry.h"
-#include "models/module.h"
 
 namespace kiln::optim {
 
@@ -195,10 +194,10 @@ void Optimizer::load_state_dict(const std::map<std::string, Tensor>& dict) {
   }
 }
 
-std::vector<ParamGroupSpec> param_groups_no_decay(const nn::Module& module, double weight_decay) {
+std::vector<ParamGroupSpec> param_groups_no_decay(const std::vector<Tensor>& params, double weight_decay) {
   ParamGroupSpec decay{{}, {{"weight_decay", weight_decay}}};
   ParamGroupSpec no_decay{{}, {{"weight_decay", 0.0}}};
-  for (const auto& p : module.parameters()) (p.dim() <= 1 ? no_decay : decay).params.push_back(p);
+  for (const Tensor& p : params) (p.dim() <= 1 ? no_decay : decay).params.push_back(p);
   std::vector<ParamGroupSpec> groups;
   if (!decay.params.empty()) groups.push_back(std::move(decay));
   if (!no_decay.params.empty()) groups.push_back(std::move(no_decay));

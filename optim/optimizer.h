@@ -14,10 +14,6 @@
 
 #include "core/tensor.h"
 
-namespace kiln::nn {
-class Module;
-}
-
 namespace kiln::optim {
 
 // The tensors of one parameter's state ("momentum_buffer", "exp_avg", "step", ...).
@@ -96,9 +92,9 @@ class Optimizer {
   std::unordered_map<const TensorImpl*, ParamState> state_;
 };
 
-// Two groups over `module`'s parameters: matrices and larger (weight_decay = weight_decay)
-// and 1-d parameters such as biases and norm weights (weight_decay = 0). Empty groups are
-// left out.
-std::vector<ParamGroupSpec> param_groups_no_decay(const nn::Module& module, double weight_decay);
+// Two groups over `params`: matrices and larger (weight_decay = weight_decay) and 1-d
+// parameters such as biases and norm weights (weight_decay = 0). Empty groups are left out.
+// models/module_adapters.h adds the form over a module's parameters.
+std::vector<ParamGroupSpec> param_groups_no_decay(const std::vector<Tensor>& params, double weight_decay);
 
 }  // namespace kiln::optim
