@@ -255,22 +255,3 @@ CudaLaunch cuda_launch_shape(const Kernel& kernel, std::span<const int64_t> args
 }
 
 }  // namespace kiln::compiler::codegen
-
-#if !defined(KILN_HAVE_CUDA)
-// A build without the CUDA toolkit renders CUDA but cannot compile it.
-#include "kernels/cuda/nvrtc.h"
-
-namespace kiln::cuda {
-namespace {
-[[noreturn]] void no_nvrtc() { fail("compile_cuda: this build of kiln has no CUDA backend (no NVRTC)"); }
-}  // namespace
-CudaBinary compile_cuda(const std::string&, const std::string&, const NvrtcOptions&) { no_nvrtc(); }
-std::vector<CudaBinary> compile_cuda_batch(const std::vector<std::pair<std::string, std::string>>&,
-                                           const NvrtcOptions&, int) {
-  no_nvrtc();
-}
-int64_t nvrtc_invocations() { return 0; }
-void clear_cuda_memory_cache() {}
-void parse_ptxas_report(const std::string&, CudaBinary&) { no_nvrtc(); }
-}  // namespace kiln::cuda
-#endif

@@ -1,0 +1,41 @@
+# The layer rule of DESIGN.md, checked on every build: a file of a layer includes only
+# headers of its own layer and of the layers below it. Layers from the bottom up:
+#   core, kernels, autograd, compiler, optim, models, data, tools
+# cmake -DROOT=<source tree> [-DSTAMP=<file>] [-DEXPECT_VIOLATION=ON] -P check_layers.cmake
+# fails naming each wrong include (with EXPECT_VIOLATION, it fails when it finds none: the
+# test that the check catches one, tests/layers/).
+get_filename_component(ROOT "${ROOT}" ABSOLUTE)
+set(layers core kernels autograd compiler optim models data tools)
+set(violations "")
+list(LENGTH layers count)
+math(EXPR last "${count} - 1")
+foreach(rank RANGE ${last})
+  list(GET layers ${rank} layer)
+  file(GLOB_RECURSE files "${ROOT}/${layer}/*.h" "${ROOT}/${layer}/*.cpp")
+  foreach(file ${files})
+    file(STRINGS "${file}" includes REGEX "^[ \t]*#[ \t]*include[ \t]+\"[a-z_]+/")
+    foreach(line ${includes})
+      string(REGEX REPLACE "^[ \t]*#[ \t]*include[ \t]+\"([a-z_]+)/.*" "\\1" target "${line}")
+      list(FIND layers "${target}" target_rank)
+      if(target_rank GREATER rank)
+        file(RELATIVE_PATH relative "${ROOT}" "${file}")
+        string(STRIP "${line}" line)
+        string(APPEND violations "\n  ${relative}: ${line} (${layer} is below ${target})")
+      endif()
+    endforeach()
+  endforeach()
+endforeach()
+if(EXPECT_VIOLATION)
+  if(violations STREQUAL "")
+    message(FATAL_ERROR "check_layers: expected a wrong-direction include under ${ROOT}, found none")
+  endif()
+  message(STATUS "check_layers found:${violations}")
+  return()
+endif()
+if(NOT violations STREQUAL "")
+  message(FATAL_ERROR "A layer includes a layer above it (DESIGN.md: a layer includes only the "
+                      "layers below it):${violations}")
+endif()
+if(STAMP)
+  file(TOUCH "${STAMP}")
+endif()

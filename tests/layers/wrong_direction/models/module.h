@@ -1,0 +1,3 @@
+#pragma once
+// models/ may include core/: no violation here.
+#include "core/tensor.h"
