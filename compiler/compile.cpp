@@ -142,6 +142,19 @@ struct Entry {
   bool eager() const { return trace.broken(); }
   std::shared_ptr<Program> program;  // the generated backend's program, when used
   std::shared_ptr<GraphReplay> replay;  // mode reduce-overhead: the program's CUDA graph
+  std::vector<bool> copy;  // per graph output: the program returns a copy (outputs_to_copy)
+
+  // A call whose guards hold: the trace replayed through the backend (the program, its
+  // CUDA graph, or with the interpreter backend the traced graph through interpret()).
+  std::vector<Tensor> run(const std::vector<Tensor>& args) const {
+    const std::vector<Tensor> inputs = trace.replay_inputs(args);
+    std::vector<Tensor> outputs = replay    ? replay->run(inputs)
+                                  : program ? program->run(inputs)
+                                            : interpret(trace.graph, inputs);
+    for (size_t i = 0; i < outputs.size() && i < copy.size(); ++i)
+      if (copy[i] && outputs[i].defined()) outputs[i] = outputs[i].clone();
+    return trace.replay_results(inputs, std::move(outputs));
+  }
 
   // Empty when the captured tensors pass the guards, else what changed.
   std::string captured_change(const std::vector<Tensor>& args) const {
@@ -256,41 +269,28 @@ bool graphs_mode(const CompileOptions& options) {
 // The CUDA graph pool of each GPU, shared by the graphs of one compiled function.
 using PoolOf = std::function<std::shared_ptr<cuda::MemPool>(int device)>;
 
-// Installs the backend's runner in `t` (the interpreter needs none): the program, or with
-// mode reduce-overhead the program replayed as a CUDA graph (`replay` gets it).
-std::shared_ptr<Program> install_backend(Trace& t, const CompileOptions& options, const PoolOf& pool_of,
-                                         std::shared_ptr<GraphReplay>* replay) {
-  std::vector<bool> copy;
-  std::shared_ptr<Program> program = build_program(t.graph, options, &copy);
-  if (!program) return nullptr;
-  std::function<std::vector<Tensor>(const std::vector<Tensor>&)> run = [program](const std::vector<Tensor>& inputs) {
-    return program->run(inputs);
-  };
-  if (graphs_mode(options)) {
-    // max-autotune: the CUDA kernels' launches timed at their first run, and cuDNN's
-    // algorithms timed (benchmark mode) for every run of the program.
-    const bool autotune = options.mode == "max-autotune";
-    if (autotune && program->gpu() >= 0) program->set_autotune(true);
-    std::shared_ptr<GraphReplay> r;
-    if (options.graph_recorder) {
-      r = std::make_shared<GraphReplay>(program, staged_inputs(t), options.graph_recorder);
-    } else {
-      const bool capturable = program->cuda_graph_blocker().empty();
-      r = std::make_shared<GraphReplay>(program, staged_inputs(t), capturable ? pool_of(program->gpu()) : nullptr);
-    }
-    r->set_time_library_algorithms(autotune);
-    *replay = r;
-    // (A replayed result that must be a copy of its own is copied twice: rare, and the
-    // uncaptured runs need the copy as the default mode does.)
-    run = [r](const std::vector<Tensor>& inputs) { return r->run(inputs); };
+// Builds the backend of a traced entry (nothing for the interpreter): the program, and with
+// modes reduce-overhead and max-autotune the program replayed as a CUDA graph.
+void install_backend(Entry& entry, const CompileOptions& options, const PoolOf& pool_of) {
+  std::shared_ptr<Program> program = build_program(entry.trace.graph, options, &entry.copy);
+  if (!program) return;
+  entry.program = program;
+  if (!graphs_mode(options)) return;
+  // max-autotune: the CUDA kernels' launches timed at their first run, and cuDNN's
+  // algorithms timed (benchmark mode) for every run of the program.
+  const bool autotune = options.mode == "max-autotune";
+  if (autotune && program->gpu() >= 0) program->set_autotune(true);
+  std::shared_ptr<GraphReplay> r;
+  if (options.graph_recorder) {
+    r = std::make_shared<GraphReplay>(program, staged_inputs(entry.trace), options.graph_recorder);
+  } else {
+    const bool capturable = program->cuda_graph_blocker().empty();
+    r = std::make_shared<GraphReplay>(program, staged_inputs(entry.trace), capturable ? pool_of(program->gpu()) : nullptr);
   }
-  t.runner = [run, copy](const std::vector<Tensor>& inputs) {
-    std::vector<Tensor> outputs = run(inputs);
-    for (size_t i = 0; i < outputs.size(); ++i)
-      if (copy[i] && outputs[i].defined()) outputs[i] = outputs[i].clone();
-    return outputs;
-  };
-  return program;
+  r->set_time_library_algorithms(autotune);
+  // (A replayed result that must be a copy of its own is copied twice: rare, and the
+  // uncaptured runs need the copy as the default mode does.)
+  entry.replay = std::move(r);
 }
 
 const char* role_name(InputRole role) {
@@ -399,7 +399,7 @@ std::vector<Tensor> CompiledFunction::operator()(const std::vector<Tensor>& args
   const Signature signature = Signature::of(args);
   for (const Entry& entry : s.entries) {
     if (!(entry.signature == signature) || !entry.captured_change(args).empty()) continue;
-    return entry.eager() ? s.run_split_call(args) : entry.trace.replay(args);
+    return entry.eager() ? s.run_split_call(args) : entry.run(args);
   }
 
   // A miss: what changed since the closest entry (fewest differing guards, the newest on
@@ -431,7 +431,7 @@ std::vector<Tensor> CompiledFunction::operator()(const std::vector<Tensor>& args
   Entry entry;
   entry.signature = signature;
   entry.trace = trace(s.fn, args, trace_options(s.options, !s.options.fullgraph));
-  Trace& t = entry.trace;
+  const Trace& t = entry.trace;
   if (!t.broken()) {
     const std::vector<Tensor> inputs = t.inputs_for(args);
     for (size_t j = 0; j < t.captured.size(); ++j) {
@@ -442,7 +442,7 @@ std::vector<Tensor> CompiledFunction::operator()(const std::vector<Tensor>& args
       entry.captured.push_back(std::move(g));
     }
     entry.aliases = alias_pattern(inputs);
-    entry.program = install_backend(t, s.options, [&s](int device) { return s.pool_of(device); }, &entry.replay);
+    install_backend(entry, s.options, [&s](int device) { return s.pool_of(device); });
   }
   std::vector<Tensor> results = t.results;
   const bool first = s.entries.empty();

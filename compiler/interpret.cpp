@@ -2,11 +2,9 @@
 #include <cstddef>
 #include <unordered_map>
 
-#include "autograd/meta.h"
 #include "compiler/run_graph.h"
 #include "compiler/trace.h"
 #include "core/error.h"
-#include "core/generator.h"
 #include "core/grad_mode.h"
 #include "core/registry.h"
 
@@ -55,28 +53,6 @@ std::vector<Tensor> interpret(const Graph& graph, const std::vector<Tensor>& inp
   }
 
   return finish_run(graph, inputs, value);
-}
-
-std::vector<Tensor> Trace::replay(const std::vector<Tensor>& args) const {
-  KILN_CHECK(!broken(), "Trace::replay: the trace stopped at a graph break ({}) and has no graph",
-             break_reason);
-  std::vector<Tensor> inputs = inputs_for(args);
-  // The counters the traced function drew from the default generator, drawn again: the
-  // random ops get fresh numbers, and the stream ends where eager code would leave it.
-  if (random_input >= 0 || random_count > 0) {
-    const Generator::Reservation r = default_generator().reserve(random_count);
-    if (random_input >= 0) inputs.at(static_cast<size_t>(random_input)) = random_base_tensor(r.seed, r.offset);
-  }
-  std::vector<Tensor> outputs = runner ? runner(inputs) : interpret(graph, inputs);
-  size_t next = static_cast<size_t>(num_results);
-  for (const GradEffect& effect : grad_effects) {
-    const Tensor& leaf = inputs.at(static_cast<size_t>(effect.input));
-    // Like AccumulateGrad: a gradient that is a view, or shares memory with another output,
-    // is copied; one the graph made for this leaf alone is kept.
-    leaf.set_grad(effect.value.defined() ? own_gradient(std::move(outputs.at(next++)), leaf) : Tensor());
-  }
-  outputs.resize(static_cast<size_t>(num_results));
-  return outputs;
 }
 
 }  // namespace kiln::compiler

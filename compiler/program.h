@@ -4,22 +4,26 @@
 //   compiler::Program p(graph);          // fuse, lower, render, compile all kernels
 //   std::vector<Tensor> out = p.run(inputs);
 //
-// Building one runs fuse() (compiler/fusion.h), renders each kernel group's C++ and compiles
-// them all in one parallel batch through the kernel cache (compiler/codegen/jit.h), so a
-// graph built before compiles nothing. run() does what interpret() does for the same graph
-// and inputs (the same input checks, write-backs and returned tensors), except that kernel
-// groups run their compiled kernel into fresh outputs, straight into the input a value is
-// written back to (see in_place_outputs_), or over an input value that dies there (see
-// reuse_input_); eager and view steps go through call_op.
+// Building one runs fuse() (compiler/fusion.h), plans memory (plan_memory,
+// compiler/passes/memory_plan.h) and builds each kernel group for its target
+// (build_kernels, compiler/codegen/build.h: C++ compiled in one parallel batch through the
+// kernel cache, so a graph built before compiles nothing; CUDA through NVRTC). run() does
+// what interpret() does for the same graph and inputs (the same input checks, write-backs
+// and returned tensors), step by step: kernel groups run their compiled kernel into fresh
+// outputs, straight into the input a value is written back to, or over an input value that
+// dies there, as the plan says; eager and view steps go through call_op. What a Program
+// reports about itself (dumps, profile, autotune, CUDA graph blockers) is in
+// compiler/program_report.cpp.
 #include <cstdint>
 #include <string>
 #include <unordered_set>
 #include <vector>
 
+#include "compiler/codegen/build.h"
 #include "compiler/codegen/cuda_run.h"
-#include "compiler/codegen/jit.h"
 #include "compiler/fusion.h"
 #include "compiler/ir/graph.h"
+#include "compiler/passes/memory_plan.h"
 #include "core/tensor.h"
 
 namespace kiln::compiler {
@@ -53,7 +57,9 @@ class Program {
   // (graph inputs and library ops' scratch not counted), with the in-place write-backs and
   // buffer reuse planned; views cost nothing, outputs live to the end. An estimate: run()
   // allocates where a planned reuse or in-place write fails its run-time check.
-  int64_t planned_peak_bytes() const { return planned_peak_bytes_; }
+  int64_t planned_peak_bytes() const { return plan_.peak_bytes; }
+  // The whole plan: releases, in-place write-backs, buffer reuse, peak.
+  const MemoryPlan& memory_plan() const { return plan_; }
 
   // One line per step: kernels with their kind, space and nodes, eager ops, views.
   std::string describe() const;
@@ -80,49 +86,28 @@ class Program {
   std::string profile() const;
 
  private:
-  void plan_releases();
-  void plan_in_place();
-  void plan_reuse();
-  void plan_peak();
   struct KernelStep {
-    int32_t step = -1;  // index into steps_
-    Device device;      // where its outputs live: the CPU (C++ target) or a GPU (CUDA target)
-    std::string source;  // the rendering for that target
-    codegen::CompiledKernel compiled;  // C++ target
-    codegen::CudaFunction cuda;        // CUDA target
-    mutable bool tuned = false;        // max-autotune: its launch was timed (tuning holds it)
+    int32_t step = -1;           // index into steps_
+    codegen::BuiltKernel built;  // its device, source and compiled function
+    mutable bool tuned = false;  // max-autotune: its launch was timed (tuning holds it)
     mutable codegen::TunedLaunch tuning;
   };
+  struct Run;  // one run's tensors (program.cpp)
+  void make_constants() const;
+  Run start_run(const std::vector<Tensor>& inputs) const;
+  void run_eager_step(size_t s, Run& run) const;
+  void run_kernel_step(size_t s, Run& run) const;
+  Tensor kernel_output(size_t s, size_t j, const TensorType& type, const std::vector<Tensor>& kernel_inputs,
+                       const Run& run) const;
+  void launch(const KernelStep& k, const codegen::Kernel& kernel, const std::vector<Tensor>& kernel_inputs,
+              const std::vector<Tensor>& kernel_outputs) const;
+  std::vector<Tensor> finish(Run& run) const;
+
   Graph graph_;
   std::vector<FusionGroup> steps_;
   std::vector<int32_t> kernel_of_;  // per step: index into kernels_, -1 for eager and view
-  // Per step: the values no later step, output or write-back reads, dropped after it so
-  // that their memory goes back to the allocator (the peak follows liveness). Per output,
-  // not per node: batch_norm_backward's input gradient dies at the next step while its
-  // weight and bias gradients are outputs (held per node, ResNet-50's backward kept one
-  // activation per layer too many, 26 MiB at batch 8).
-  std::vector<std::vector<Value>> release_after_;
   std::vector<KernelStep> kernels_;
-  // In-place write-backs (the memory plan's first rule): a value that is written back into
-  // graph input I is computed straight into I's tensor when no later step reads I's old
-  // value (and the step itself reads it only elementwise), so the write-back copies
-  // nothing. Per kernel step: per output buffer, the graph input it writes (-1: a fresh
-  // tensor). Per eager step: the in-place twin of its op ("sgd_update" -> "sgd_update_")
-  // to run instead, when every output is such a write-back of the input it updates.
-  std::vector<std::vector<int32_t>> in_place_outputs_;
-  std::vector<const OpDef*> in_place_op_;
-  // Per eager step of one output written back to an input the step does not read (or reads
-  // only at the element it writes: addmm's full-size bias, the gradient it accumulates
-  // into): that input, which the op writes its result into (call_op_out), or -1.
-  std::vector<int32_t> in_place_eager_;
-  // Buffer reuse (the memory plan's second rule): per pointwise kernel step, per output
-  // buffer, the position among the kernel's input buffers of a value of the same type that
-  // dies at this step and is read only at the element the output writes (-1: none); the
-  // output takes that value's memory instead of a fresh tensor, as a relu backward can
-  // write its gradient over the incoming one. run() also checks that nothing else holds
-  // the memory (no view, no returned tensor, no graph input).
-  std::vector<std::vector<int32_t>> reuse_input_;
-  int64_t planned_peak_bytes_ = 0;
+  MemoryPlan plan_;
   int gpu_ = -1;  // the GPU the graph's tensors are on (-1: none): profiling waits for it
   mutable std::vector<Tensor> constants_;  // per node: a constant node's tensor, made at the first run
   mutable std::unordered_set<const StorageImpl*> constant_storages_;  // their memory

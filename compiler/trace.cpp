@@ -1,11 +1,13 @@
 // The tracer (compiler/trace.h): one eager run of a function under the op registry's hook,
-// turning each reported op call into a graph node (compiler/tracer.h).
+// turning each reported op call into a graph node (compiler/tracer.h); and a Trace's replay.
 #include "compiler/trace.h"
 
 #include <optional>
 
 #include "autograd/meta.h"
+#include "compiler/run_graph.h"
 #include "compiler/tracer.h"
+#include "core/generator.h"
 #include "core/registry.h"
 
 namespace kiln::compiler {
@@ -21,6 +23,36 @@ std::vector<Tensor> Trace::inputs_for(const std::vector<Tensor>& args) const {
   for (size_t i = 0; i < inputs.size() && i < grad_of.size(); ++i)
     if (grad_of[i] >= 0) inputs[i] = inputs.at(static_cast<size_t>(grad_of[i])).grad();
   return inputs;
+}
+
+std::vector<Tensor> Trace::replay(const std::vector<Tensor>& args) const {
+  const std::vector<Tensor> inputs = replay_inputs(args);
+  return replay_results(inputs, interpret(graph, inputs));
+}
+
+std::vector<Tensor> Trace::replay_inputs(const std::vector<Tensor>& args) const {
+  KILN_CHECK(!broken(), "Trace::replay: the trace stopped at a graph break ({}) and has no graph",
+             break_reason);
+  std::vector<Tensor> inputs = inputs_for(args);
+  // The counters the traced function drew from the default generator, drawn again: the
+  // random ops get fresh numbers, and the stream ends where eager code would leave it.
+  if (random_input >= 0 || random_count > 0) {
+    const Generator::Reservation r = default_generator().reserve(random_count);
+    if (random_input >= 0) inputs.at(static_cast<size_t>(random_input)) = random_base_tensor(r.seed, r.offset);
+  }
+  return inputs;
+}
+
+std::vector<Tensor> Trace::replay_results(const std::vector<Tensor>& inputs, std::vector<Tensor> outputs) const {
+  size_t next = static_cast<size_t>(num_results);
+  for (const GradEffect& effect : grad_effects) {
+    const Tensor& leaf = inputs.at(static_cast<size_t>(effect.input));
+    // Like AccumulateGrad: a gradient that is a view, or shares memory with another output,
+    // is copied; one the graph made for this leaf alone is kept.
+    leaf.set_grad(effect.value.defined() ? own_gradient(std::move(outputs.at(next++)), leaf) : Tensor());
+  }
+  outputs.resize(static_cast<size_t>(num_results));
+  return outputs;
 }
 
 Trace trace(const TracedFunction& fn, const std::vector<Tensor>& args,

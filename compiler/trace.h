@@ -139,17 +139,18 @@ struct Trace {
   // The tensors to pass to interpret(): args, then the captured tensors, where a captured
   // gradient is read from its leaf's current .grad (grad_of).
   std::vector<Tensor> inputs_for(const std::vector<Tensor>& args) const;
-  // What runs the graph at replay: given inputs_for(args) (with a fresh random base),
-  // returns the graph's outputs.
-  // Unset: interpret(graph, inputs). The compiler installs its generated program here
-  // (compiled from `graph` or from an equivalent optimized graph with the same inputs and
-  // outputs).
-  std::function<std::vector<Tensor>(const std::vector<Tensor>&)> runner;
 
-  // Runs the graph on new arguments as fn would: reserves random_count counters from the
-  // default generator (their base is the random input), the runner (or interpret()), then
-  // the grad effects (set_grad). Returns fn's results only.
+  // Runs the graph on new arguments as fn would, through interpret(): replay_inputs, the
+  // graph, replay_results. Returns fn's results only.
   std::vector<Tensor> replay(const std::vector<Tensor>& args) const;
+  // A replay in two halves, around any runner of `graph` (or of an equivalent optimized
+  // graph with the same inputs and outputs: kiln::compile's generated program).
+  // replay_inputs: inputs_for(args), with random_count counters reserved from the default
+  // generator as the random input's base (fresh numbers, the generator left where eager code
+  // leaves it). replay_results: given those inputs and the graph's outputs, applies the grad
+  // effects (set_grad) and returns fn's results.
+  std::vector<Tensor> replay_inputs(const std::vector<Tensor>& args) const;
+  std::vector<Tensor> replay_results(const std::vector<Tensor>& inputs, std::vector<Tensor> outputs) const;
 };
 
 // Runs fn(args) once, eagerly, recording it. The results returned are the eager ones.
