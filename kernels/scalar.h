@@ -149,4 +149,64 @@ template <class T> KILN_HD bool logical_or(T a, T b) { return a != T(0) || b != 
 template <class T> KILN_HD bool logical_not(T a) { return a == T(0); }
 template <class T> KILN_HD T where(bool c, T a, T b) { return c ? a : b; }
 
+// ---- optimizer updates ----
+// One element of an SGD or AdamW step, as torch's single-tensor optimizers compute it: in
+// the parameter's dtype T, with the step's factors rounded to T first. The factors are
+// computed once per step, in f64 on the host (kernels/optim_factors.h), as PyTorch computes
+// them in Python. The CPU kernels and the CUDA kernels of the updates both run these
+// functions, so they agree bit for bit (NVRTC compiles without FMA contraction).
+
+// decay: weight_decay is nonzero in f64 (one that rounds to 0 in T still multiplies).
+template <class T> struct SgdFactors {
+  T lr, momentum, one_minus_dampening, weight_decay;
+  bool decay, nesterov, maximize, first;
+};
+template <class T, class F> KILN_HD SgdFactors<T> in_dtype(const SgdFactors<F>& f) {
+  return {static_cast<T>(f.lr), static_cast<T>(f.momentum), static_cast<T>(f.one_minus_dampening),
+          static_cast<T>(f.weight_decay), f.decay, f.nesterov, f.maximize, f.first};
+}
+// Returns the new parameter. buf: the element of the momentum buffer, updated in place (null
+// without a buffer). Momentum 0 (a schedule's, 0 in T) leaves the buffer as it is, as
+// PyTorch skips it.
+template <class T> KILN_HD T sgd_update(T param, T grad, T* buf, const SgdFactors<T>& f) {
+  T d = f.maximize ? -grad : grad;
+  if (f.decay) d = d + f.weight_decay * param;
+  if (buf && !(f.momentum == T(0))) {
+    const T b = f.first ? d : f.momentum * *buf + f.one_minus_dampening * d;
+    *buf = b;
+    d = f.nesterov ? d + f.momentum * b : b;
+  }
+  return param - f.lr * d;
+}
+
+// decay is 1 - lr * weight_decay; step_size lr / (1 - beta1^step); correction2_sqrt
+// sqrt(1 - beta2^step).
+template <class T> struct AdamWFactors {
+  T decay, one_minus_b1, b2, one_minus_b2, step_size, correction2_sqrt, eps;
+  bool maximize;
+};
+template <class T, class F> KILN_HD AdamWFactors<T> in_dtype(const AdamWFactors<F>& f) {
+  return {static_cast<T>(f.decay),     static_cast<T>(f.one_minus_b1),
+          static_cast<T>(f.b2),        static_cast<T>(f.one_minus_b2),
+          static_cast<T>(f.step_size), static_cast<T>(f.correction2_sqrt),
+          static_cast<T>(f.eps),       f.maximize};
+}
+// Returns the new parameter and updates exp_avg, exp_avg_sq and, with amsgrad (else null),
+// max_exp_avg_sq in place. The maximum is std::max's: where exp_avg_sq is NaN, the old
+// maximum stays.
+template <class T>
+KILN_HD T adamw_update(T param, T grad, T& exp_avg, T& exp_avg_sq, T* max_exp_avg_sq, const AdamWFactors<T>& f) {
+  if (f.maximize) grad = -grad;
+  const T decayed = param * f.decay;
+  exp_avg = exp_avg + f.one_minus_b1 * (grad - exp_avg);
+  exp_avg_sq = exp_avg_sq * f.b2 + f.one_minus_b2 * grad * grad;
+  T second = exp_avg_sq;
+  if (max_exp_avg_sq) {
+    if (!(*max_exp_avg_sq < second)) second = *max_exp_avg_sq;
+    *max_exp_avg_sq = second;
+  }
+  const T denom = sqrt(second) / f.correction2_sqrt + f.eps;
+  return decayed - f.step_size * (exp_avg / denom);
+}
+
 }  // namespace kiln::scalar

@@ -1,8 +1,9 @@
 // CPU kernels of the optimizer updates (core/ops/optim_ops.h). Each update is one pass over
 // a parameter's elements that reads the old values and writes the new ones; the in-place
 // form writes them over the old ones (same pointers), the pure form into fresh outputs, so
-// both compute the same numbers. The element arithmetic is in the parameter's dtype, as
-// torch's single-tensor optimizers compute it.
+// both compute the same numbers. The element arithmetic is kernels/scalar.h's (in the
+// parameter's dtype, as torch's single-tensor optimizers compute it), from the per-step
+// factors of kernels/optim_factors.h; the CUDA kernels run the same two.
 //
 // The multi-tensor forms run the same element loop over a work list of chunks that covers
 // every parameter of the call, in one parallel region (not one per parameter). The loop over
@@ -12,18 +13,17 @@
 
 #include <algorithm>
 #include <array>
-#include <cmath>
 
 #include "core/ops/optim_ops.h"
 #include "core/registry.h"
 #include "kernels/cpu/parallel.h"
+#include "kernels/optim_factors.h"
+#include "kernels/scalar.h"
 
 namespace kiln::cpu {
 namespace {
 
 using Span = std::span<const Tensor>;
-
-double scalar_of(const Tensor& t) { return t.item<double>(); }
 
 // A tensor the update reads: contiguous (a copy when the tensor is not). Null when absent.
 template <class T>
@@ -79,37 +79,27 @@ struct SGDPointers {
   T *p_out, *buf_out;  // buf_out null without momentum
 };
 
+// The f64 factors rounded to T. in: (param, grad, momentum_buffer?, lr, momentum,
+// dampening, weight_decay).
 template <class T>
-struct SGDConstants {
-  T lr, momentum, one_minus_dampening, weight_decay;
-  bool decay, nesterov, maximize, first;
-};
-
-// in: (param, grad, momentum_buffer?, lr, momentum, dampening, weight_decay).
-template <class T>
-SGDConstants<T> sgd_constants(Span in, const Attrs& attrs) {
-  const double lr = scalar_of(in[3]), momentum = scalar_of(in[4]), dampening = scalar_of(in[5]),
-               weight_decay = scalar_of(in[6]);
-  return {static_cast<T>(lr),           static_cast<T>(momentum), static_cast<T>(1.0 - dampening),
-          static_cast<T>(weight_decay), weight_decay != 0,        attrs.b("nesterov"),
-          attrs.b("maximize"),          attrs.b("first")};
+scalar::SgdFactors<T> sgd_constants(Span in, const Attrs& attrs) {
+  return scalar::in_dtype<T>(sgd_factors(in.subspan(3, 4), attrs));
 }
 
 // The update of elements [begin, end): out of line, so that the single and the multi-tensor
-// forms run the same machine code on every element (see the top of the file).
+// forms run the same machine code on every element (see the top of the file). The factors
+// come by value: a copy that the loop's stores cannot alias, so the loop vectorizes.
 template <class T>
-[[gnu::noinline]] void sgd_range(const SGDPointers<T>& x, const SGDConstants<T>& c, int64_t begin, int64_t end) {
+[[gnu::noinline]] void sgd_range(const SGDPointers<T>& x, const scalar::SgdFactors<T> c, int64_t begin,
+                                 int64_t end) {
+  if (!x.buf_out) {
+    for (int64_t i = begin; i < end; ++i) x.p_out[i] = scalar::sgd_update<T>(x.p[i], x.g[i], nullptr, c);
+    return;
+  }
   for (int64_t i = begin; i < end; ++i) {
-    T d = c.maximize ? -x.g[i] : x.g[i];
-    if (c.decay) d = d + c.weight_decay * x.p[i];
-    if (x.buf_out && c.momentum == T(0)) {
-      x.buf_out[i] = x.buf[i];  // momentum 0 (a schedule's): the buffer rests, as PyTorch skips it
-    } else if (x.buf_out) {
-      const T buf = c.first ? d : c.momentum * x.buf[i] + c.one_minus_dampening * d;
-      x.buf_out[i] = buf;
-      d = c.nesterov ? d + c.momentum * buf : buf;
-    }
-    x.p_out[i] = x.p[i] - c.lr * d;
+    T buf = x.buf[i];
+    x.p_out[i] = scalar::sgd_update(x.p[i], x.g[i], &buf, c);
+    x.buf_out[i] = buf;
   }
 }
 
@@ -130,7 +120,7 @@ void run_sgd(Span in, const Tensor& p_out, const Tensor& buf_out, const Attrs& a
     if constexpr (kUpdatable<T>) {
       std::array<Tensor, 3> keep;
       const SGDPointers<T> x = sgd_pointers<T>(in, p_out, buf_out, keep);
-      const SGDConstants<T> c = sgd_constants<T>(in, attrs);
+      const scalar::SgdFactors<T> c = sgd_constants<T>(in, attrs);
       parallel_for(in[0].numel(), kGrain, [&](int64_t begin, int64_t end) { sgd_range<T>(x, c, begin, end); });
     } else {
       fail("sgd_update: parameters must be f32 or f64, got {}", in[0].meta_str());
@@ -164,7 +154,7 @@ void run_sgd_multi(Span in, const Attrs& attrs, Outs outs) {
         pointers.push_back(sgd_pointers<T>(single, p_out, buf_out, keep[static_cast<size_t>(k)]));
         sizes.push_back(single[0].numel());
       }
-      const SGDConstants<T> c = sgd_constants<T>(sgd_single_inputs(in, count, 0), attrs);
+      const scalar::SgdFactors<T> c = sgd_constants<T>(sgd_single_inputs(in, count, 0), attrs);
       for_each_chunk(sizes, [&](const Chunk& ch) { sgd_range<T>(pointers[ch.tensor], c, ch.begin, ch.end); });
     } else {
       fail("sgd_update_multi: parameters must be f32 or f64, got {}", in[0].meta_str());
@@ -201,47 +191,23 @@ struct AdamWPointers {
   T *p_out, *m_out, *v_out, *vmax_out;  // vmax_out null without amsgrad
 };
 
+// The f64 factors rounded to T. in: (param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq?,
+// step, lr, beta1, beta2, eps, weight_decay).
 template <class T>
-struct AdamWFactors {
-  T decay, one_minus_b1, b2, one_minus_b2, step_size, correction2_sqrt, eps;
-  bool maximize;
-};
-
-// The scalar factors in f64 first (as PyTorch computes them in Python), then the elementwise
-// work in T. in: (param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq?, step, lr, beta1, beta2,
-// eps, weight_decay).
-template <class T>
-AdamWFactors<T> adamw_factors(Span in, const Attrs& attrs) {
-  const double step = scalar_of(in[5]), lr = scalar_of(in[6]), beta1 = scalar_of(in[7]),
-               beta2 = scalar_of(in[8]), eps = scalar_of(in[9]), weight_decay = scalar_of(in[10]);
-  return {static_cast<T>(1.0 - lr * weight_decay),
-          static_cast<T>(1.0 - beta1),
-          static_cast<T>(beta2),
-          static_cast<T>(1.0 - beta2),
-          static_cast<T>(lr / (1.0 - std::pow(beta1, step))),
-          static_cast<T>(std::sqrt(1.0 - std::pow(beta2, step))),
-          static_cast<T>(eps),
-          attrs.b("maximize")};
+scalar::AdamWFactors<T> adamw_constants(Span in, const Attrs& attrs) {
+  return scalar::in_dtype<T>(adamw_factors(in[5], in.subspan(6, 5), attrs));
 }
 
 // As sgd_range: one out-of-line loop that both forms run.
 template <class T>
-[[gnu::noinline]] void adamw_range(const AdamWPointers<T>& x, const AdamWFactors<T>& f, int64_t begin,
+[[gnu::noinline]] void adamw_range(const AdamWPointers<T>& x, const scalar::AdamWFactors<T> f, int64_t begin,
                                    int64_t end) {
   for (int64_t i = begin; i < end; ++i) {
-    const T grad = f.maximize ? -x.g[i] : x.g[i];
-    const T param = x.p[i] * f.decay;
-    const T m = x.m[i] + f.one_minus_b1 * (grad - x.m[i]);
-    const T v = x.v[i] * f.b2 + f.one_minus_b2 * grad * grad;
+    T m = x.m[i], v = x.v[i], vmax = x.vmax_out ? x.vmax[i] : T(0);
+    x.p_out[i] = scalar::adamw_update(x.p[i], x.g[i], m, v, x.vmax_out ? &vmax : nullptr, f);
     x.m_out[i] = m;
     x.v_out[i] = v;
-    T second = v;
-    if (x.vmax_out) {
-      second = std::max(x.vmax[i], v);
-      x.vmax_out[i] = second;
-    }
-    const T denom = std::sqrt(second) / f.correction2_sqrt + f.eps;
-    x.p_out[i] = param - f.step_size * (m / denom);
+    if (x.vmax_out) x.vmax_out[i] = vmax;
   }
 }
 
@@ -259,7 +225,7 @@ void run_adamw(Span in, const Tensor* out, const Attrs& attrs) {
     if constexpr (kUpdatable<T>) {
       std::array<Tensor, 5> keep;
       const AdamWPointers<T> x = adamw_pointers<T>(in, out, keep);
-      const AdamWFactors<T> f = adamw_factors<T>(in, attrs);
+      const scalar::AdamWFactors<T> f = adamw_constants<T>(in, attrs);
       parallel_for(in[0].numel(), kGrain, [&](int64_t begin, int64_t end) { adamw_range<T>(x, f, begin, end); });
     } else {
       fail("adamw_update: parameters must be f32 or f64, got {}", in[0].meta_str());
@@ -287,14 +253,14 @@ void run_adamw_multi(Span in, const Attrs& attrs, Outs outs) {
   visit_floating(in[0].dtype(), "adamw_update_multi", [&]<class T>() {
     if constexpr (kUpdatable<T>) {
       std::vector<AdamWPointers<T>> pointers;
-      std::vector<AdamWFactors<T>> factors;
+      std::vector<scalar::AdamWFactors<T>> factors;
       std::vector<int64_t> sizes;
       std::vector<std::array<Tensor, 5>> keep(static_cast<size_t>(count));
       for (int64_t k = 0; k < count; ++k) {
         const std::vector<Tensor> single = adamw_single_inputs(in, count, k);
         const std::array<Tensor, 4> out = outs(k);
         pointers.push_back(adamw_pointers<T>(single, out.data(), keep[static_cast<size_t>(k)]));
-        factors.push_back(adamw_factors<T>(single, attrs));
+        factors.push_back(adamw_constants<T>(single, attrs));
         sizes.push_back(single[0].numel());
       }
       for_each_chunk(sizes, [&](const Chunk& ch) {

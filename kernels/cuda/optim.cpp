@@ -2,13 +2,16 @@
 
 #include <algorithm>
 #include <array>
-#include <cmath>
 #include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
+#include "core/ops/factory.h"
+#include "core/ops/optim_ops.h"
 #include "kernels/cuda/hand_kernels.h"
+#include "kernels/optim_factors.h"
+#include "kernels/scalar.h"
 
 namespace kiln::cuda {
 namespace {
@@ -27,13 +30,13 @@ struct SgdParams {
   SgdParam param[kSgdGroup];
 };
 // The device structs below declare the same fields; a launch's arguments stay under 4 KB.
-static_assert(sizeof(SgdParam) == 56 && sizeof(SgdParams) + 64 <= 4096);
+static_assert(sizeof(SgdParam) == 56 && sizeof(SgdParams) + sizeof(scalar::SgdFactors<double>) + 64 <= 4096);
 
-// The hyperparameters come as f64 arguments (the op's hyperparameters are host tensors).
-// The order of the operations and the casts of the hyperparameters are the CPU kernel's
-// (sgd_constants, sgd_range), so each element's result is its result bit for bit (NVRTC
-// compiles without FMA contraction).
+// The element update is kernels/scalar.h's, from the factors the host computed in f64
+// (kernels/optim_factors.h) rounded to T in the kernel, as the CPU kernel rounds them: each
+// element's result is the CPU's bit for bit (NVRTC compiles without FMA contraction).
 const KernelFamily kSgdMulti("sgd_multi", R"(
+#include "kernels/scalar.h"
 typedef SCALAR T;
 struct SgdParam {
   T* p_out;
@@ -46,77 +49,65 @@ struct SgdParam {
 struct SgdParams {
   SgdParam param[)" + std::to_string(kSgdGroup) + R"(];
 };
-extern "C" __global__ void NAME(const SgdParams group, double lr_, double momentum_, double dampening_,
-                                double weight_decay_, long long total, int maximize, int nesterov, int first) {
-  const T lr = (T)lr_, momentum = (T)momentum_, one_minus_dampening = (T)(1.0 - dampening_), weight_decay = (T)weight_decay_;
-  const bool decay = weight_decay_ != 0.0;
+extern "C" __global__ void NAME(const SgdParams group, const kiln::scalar::SgdFactors<double> factors, long long total) {
+  const kiln::scalar::SgdFactors<T> f = kiln::scalar::in_dtype<T>(factors);
   const long long stride = (long long)gridDim.x * blockDim.x;
   int k = 0;
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
     while (i >= group.param[k].start + group.param[k].n) ++k;
     const SgdParam& q = group.param[k];
     const long long j = i - q.start;
-    T d = maximize ? -q.g[j] : q.g[j];
-    if (decay) d = d + weight_decay * q.p[j];
-    if (q.buf_out && momentum == T(0)) {
-      q.buf_out[j] = q.buf[j];
-    } else if (q.buf_out) {
-      const T b = first ? d : momentum * q.buf[j] + one_minus_dampening * d;
+    if (q.buf_out) {
+      T b = q.buf[j];
+      q.p_out[j] = kiln::scalar::sgd_update(q.p[j], q.g[j], &b, f);
       q.buf_out[j] = b;
-      d = nesterov ? d + momentum * b : b;
+    } else {
+      q.p_out[j] = kiln::scalar::sgd_update<T>(q.p[j], q.g[j], nullptr, f);
     }
-    q.p_out[j] = q.p[j] - lr * d;
   }
 }
 )",
                                 {DType::f32, DType::f64});
 
-// AdamW: parameter k's factors come from its own step count, in f64 on the host as the CPU
-// kernel computes them (adamw_factors), and are cast to T in the kernel as there; the
-// elementwise work is adamw_range's, operation for operation (std::max(a, b) is
-// a < b ? b : a).
+// AdamW: parameter k's factors come from its own step count, in f64 on the host, and are
+// rounded to T in the kernel as the CPU kernel rounds them; the element update is
+// kernels/scalar.h's.
 struct AdamParam {
   void *p_out, *m_out, *v_out, *vmax_out;  // vmax_out null without amsgrad
   const void *p, *g, *m, *v, *vmax;
   long long n, start;
-  double decay, one_minus_b1, b2, one_minus_b2, step_size, correction2_sqrt, eps;
+  scalar::AdamWFactors<double> factors;
 };
 struct AdamParams {
   AdamParam param[kAdamGroup];
 };
-static_assert(sizeof(AdamParam) == 144 && sizeof(AdamParams) + 64 <= 4096);
+static_assert(sizeof(AdamParam) == 152 && sizeof(AdamParams) + 64 <= 4096);
 
 const KernelFamily kAdamMulti("adamw_multi", R"(
+#include "kernels/scalar.h"
 typedef SCALAR T;
 struct AdamParam {
   T *p_out, *m_out, *v_out, *vmax_out;
   const T *p, *g, *m, *v, *vmax;
   long long n, start;
-  double decay, one_minus_b1, b2, one_minus_b2, step_size, correction2_sqrt, eps;
+  kiln::scalar::AdamWFactors<double> factors;
 };
 struct AdamParams {
   AdamParam param[)" + std::to_string(kAdamGroup) + R"(];
 };
-extern "C" __global__ void NAME(const AdamParams group, long long total, int maximize) {
+extern "C" __global__ void NAME(const AdamParams group, long long total) {
   const long long stride = (long long)gridDim.x * blockDim.x;
   int k = 0;
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
     while (i >= group.param[k].start + group.param[k].n) ++k;
     const AdamParam& q = group.param[k];
     const long long j = i - q.start;
-    const T grad = maximize ? -q.g[j] : q.g[j];
-    const T param = q.p[j] * (T)q.decay;
-    const T m = q.m[j] + (T)q.one_minus_b1 * (grad - q.m[j]);
-    const T v = q.v[j] * (T)q.b2 + (T)q.one_minus_b2 * grad * grad;
+    T m = q.m[j], v = q.v[j], vmax = q.vmax_out ? q.vmax[j] : T(0);
+    q.p_out[j] = kiln::scalar::adamw_update(q.p[j], q.g[j], m, v, q.vmax_out ? &vmax : nullptr,
+                                            kiln::scalar::in_dtype<T>(q.factors));
     q.m_out[j] = m;
     q.v_out[j] = v;
-    T second = v;
-    if (q.vmax_out) {
-      second = q.vmax[j] < v ? v : q.vmax[j];
-      q.vmax_out[j] = second;
-    }
-    const T denom = sqrt(second) / (T)q.correction2_sqrt + (T)q.eps;
-    q.p_out[j] = param - (T)q.step_size * (m / denom);
+    if (q.vmax_out) q.vmax_out[j] = vmax;
   }
 }
 )",
@@ -180,10 +171,7 @@ std::vector<int64_t> sgd_update_multi_tensor(std::span<const Tensor> in, std::sp
     if (has_buf) t.insert(t.end(), {at(2, k), buf_out[static_cast<size_t>(k)]});
     return t;
   });
-  const size_t h = static_cast<size_t>(3 * n);
-  const double lr = in[h].item<double>(), momentum = in[h + 1].item<double>(), dampening = in[h + 2].item<double>(),
-               weight_decay = in[h + 3].item<double>();
-  const int maximize = attrs.b("maximize"), nesterov = attrs.b("nesterov"), first = attrs.b("first");
+  const scalar::SgdFactors<double> factors = sgd_factors(in.subspan(static_cast<size_t>(3 * n), 4), attrs);
   for_each_group<SgdParams>(
       fast,
       [&](SgdParam& q, int64_t k) {
@@ -196,8 +184,7 @@ std::vector<int64_t> sgd_update_multi_tensor(std::span<const Tensor> in, std::sp
         return at(0, k).numel();
       },
       [&](const SgdParams& group, long long total, long long threads) {
-        kSgdMulti.launch(in[0].dtype(), in[0].device().index, threads, group, lr, momentum, dampening, weight_decay,
-                         total, maximize, nesterov, first);
+        kSgdMulti.launch(in[0].dtype(), in[0].device().index, threads, group, factors, total);
       });
   return rest;
 }
@@ -213,10 +200,7 @@ std::vector<int64_t> adamw_update_multi_tensor(std::span<const Tensor> in, const
     if (amsgrad) t.insert(t.end(), {at(4, k), out[3][s]});
     return t;
   });
-  const size_t h = static_cast<size_t>(6 * n);
-  const double lr = in[h].item<double>(), beta1 = in[h + 1].item<double>(), beta2 = in[h + 2].item<double>(),
-               eps = in[h + 3].item<double>(), weight_decay = in[h + 4].item<double>();
-  const int maximize = attrs.b("maximize");
+  const std::span<const Tensor> hyper = in.subspan(static_cast<size_t>(6 * n), 5);
   for_each_group<AdamParams>(
       fast,
       [&](AdamParam& q, int64_t k) {
@@ -230,21 +214,125 @@ std::vector<int64_t> adamw_update_multi_tensor(std::span<const Tensor> in, const
         q.m = at(2, k).data_ptr();
         q.v = at(3, k).data_ptr();
         q.vmax = amsgrad ? at(4, k).data_ptr() : nullptr;
-        // The CPU kernel's factors (kernels/cpu/optim_ops.cpp, adamw_factors), in f64.
-        const double step = at(5, k).item<double>();
-        q.decay = 1.0 - lr * weight_decay;
-        q.one_minus_b1 = 1.0 - beta1;
-        q.b2 = beta2;
-        q.one_minus_b2 = 1.0 - beta2;
-        q.step_size = lr / (1.0 - std::pow(beta1, step));
-        q.correction2_sqrt = std::sqrt(1.0 - std::pow(beta2, step));
-        q.eps = eps;
+        q.factors = adamw_factors(at(5, k), hyper, attrs);
         return at(0, k).numel();
       },
       [&](const AdamParams& group, long long total, long long threads) {
-        kAdamMulti.launch(in[0].dtype(), in[0].device().index, threads, group, total, maximize);
+        kAdamMulti.launch(in[0].dtype(), in[0].device().index, threads, group, total);
       });
   return rest;
 }
+
+namespace {
+
+using Span = std::span<const Tensor>;
+
+// One parameter's update through its multi-tensor function (count 1: the single op's inputs
+// are the multi op's): update(in, out) launches it and returns the parameters it left,
+// whose tensors do not share one dense memory order. Those run again on contiguous copies,
+// which are then copied into the outputs. out: one tensor per output role, undefined where
+// the role is absent.
+template <class Update>
+void update_one(const char* op, Span in, const std::vector<Tensor>& out, Update update) {
+  if (update(in, Span(out)).empty()) return;
+  std::vector<Tensor> dense_in, dense_out;
+  for (const Tensor& t : in) dense_in.push_back(t.defined() ? t.contiguous() : t);
+  for (const Tensor& t : out)
+    dense_out.push_back(!t.defined() || t.is_contiguous() ? t : empty(t.shape(), {.dtype = t.dtype(), .device = t.device()}));
+  KILN_CHECK(update(Span(dense_in), Span(dense_out)).empty(),
+             "{}: CUDA kernel: param {} and its other tensors are not f32 or f64 of one dtype and device", op,
+             in[0].meta_str());
+  for (size_t i = 0; i < out.size(); ++i)
+    if (out[i].defined() && !dense_out[i].same(out[i])) Tensor(out[i]).copy_(dense_out[i]);
+}
+
+// in: (param, grad, momentum_buffer?, lr, momentum, dampening, weight_decay).
+void sgd_one(Span in, const Tensor& p_out, const Tensor& buf_out, const Attrs& attrs) {
+  update_one("sgd_update", in, {p_out, buf_out}, [&](Span i, Span o) {
+    return sgd_update_multi_tensor(i, o.subspan(0, 1), o[1].defined() ? o.subspan(1, 1) : Span{}, attrs);
+  });
+}
+
+// in: (param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq?, step, lr, beta1, beta2, eps,
+// weight_decay); out: the new param, exp_avg, exp_avg_sq and max_exp_avg_sq (undefined
+// without amsgrad).
+void adamw_one(Span in, const std::vector<Tensor>& out, const Attrs& attrs) {
+  update_one("adamw_update", in, out, [&](Span i, Span o) {
+    return adamw_update_multi_tensor(i, {o.subspan(0, 1), o.subspan(1, 1), o.subspan(2, 1), o.subspan(3, 1)}, attrs);
+  });
+}
+
+void sgd_update_inplace(Span in, Span, const Attrs& attrs) { sgd_one(in, in[0], in[2], attrs); }
+void sgd_update(Span in, Span out, const Attrs& attrs) {
+  sgd_one(in, out[0], out.size() > 1 ? out[1] : Tensor(), attrs);
+}
+void adamw_update_inplace(Span in, Span, const Attrs& attrs) { adamw_one(in, {in[0], in[2], in[3], in[4]}, attrs); }
+void adamw_update(Span in, Span out, const Attrs& attrs) {
+  adamw_one(in, {out[0], out[1], out[2], out.size() > 3 ? out[3] : Tensor()}, attrs);
+}
+
+// The multi-tensor forms: a group's parameters in a few launches where their tensors are
+// dense in one memory order, the others one at a time as the single ops (the same numbers).
+void sgd_update_multi_inplace(Span in, Span, const Attrs& attrs) {
+  const int64_t n = attrs.i("count");
+  const bool has_buf = in[static_cast<size_t>(2 * n)].defined();
+  const Span params = in.subspan(0, static_cast<size_t>(n));
+  const Span buffers = has_buf ? in.subspan(static_cast<size_t>(2 * n), static_cast<size_t>(n)) : Span{};
+  for (int64_t k : sgd_update_multi_tensor(in, params, buffers, attrs)) {
+    const std::vector<Tensor> single = sgd_single_inputs(in, n, k);
+    sgd_one(single, single[0], single[2], attrs);
+  }
+}
+// out: (new_param x N, new_momentum_buffer x N if given).
+void sgd_update_multi(Span in, Span out, const Attrs& attrs) {
+  const int64_t n = attrs.i("count");
+  const Span params = out.subspan(0, static_cast<size_t>(n));
+  const Span buffers = static_cast<int64_t>(out.size()) > n ? out.subspan(static_cast<size_t>(n)) : Span{};
+  for (int64_t k : sgd_update_multi_tensor(in, params, buffers, attrs)) {
+    const Tensor buf = static_cast<int64_t>(out.size()) > n ? out[static_cast<size_t>(n + k)] : Tensor();
+    sgd_one(sgd_single_inputs(in, n, k), out[static_cast<size_t>(k)], buf, attrs);
+  }
+}
+void adamw_update_multi_inplace(Span in, Span, const Attrs& attrs) {
+  const int64_t n = attrs.i("count");
+  const auto role = [&](int64_t r) { return in.subspan(static_cast<size_t>(r * n), static_cast<size_t>(n)); };
+  const bool amsgrad = in[static_cast<size_t>(4 * n)].defined();
+  for (int64_t k : adamw_update_multi_tensor(in, {role(0), role(2), role(3), amsgrad ? role(4) : Span{}}, attrs)) {
+    const std::vector<Tensor> single = adamw_single_inputs(in, n, k);
+    adamw_one(single, {single[0], single[2], single[3], single[4]}, attrs);
+  }
+}
+// out: (new_param x N, new_exp_avg x N, new_exp_avg_sq x N, new_max_exp_avg_sq x N if given).
+void adamw_update_multi(Span in, Span out, const Attrs& attrs) {
+  const int64_t n = attrs.i("count");
+  const auto role = [&](int64_t r) {
+    return static_cast<int64_t>(out.size()) >= (r + 1) * n ? out.subspan(static_cast<size_t>(r * n), static_cast<size_t>(n))
+                                                            : Span{};
+  };
+  for (int64_t k : adamw_update_multi_tensor(in, {role(0), role(1), role(2), role(3)}, attrs)) {
+    std::vector<Tensor> outs;
+    for (int64_t r = 0; r < 4; ++r) {
+      const auto i = static_cast<size_t>(r * n + k);
+      outs.push_back(i < out.size() ? out[i] : Tensor());
+    }
+    adamw_one(adamw_single_inputs(in, n, k), outs, attrs);
+  }
+}
+
+struct Registrar {
+  Registrar() {
+    constexpr auto cuda = DeviceType::cuda;
+    register_kernel("sgd_update_", cuda, sgd_update_inplace);
+    register_kernel("sgd_update", cuda, sgd_update);
+    register_kernel("adamw_update_", cuda, adamw_update_inplace);
+    register_kernel("adamw_update", cuda, adamw_update);
+    register_kernel("sgd_update_multi_", cuda, sgd_update_multi_inplace);
+    register_kernel("sgd_update_multi", cuda, sgd_update_multi);
+    register_kernel("adamw_update_multi_", cuda, adamw_update_multi_inplace);
+    register_kernel("adamw_update_multi", cuda, adamw_update_multi);
+  }
+} registrar;
+
+}  // namespace
 
 }  // namespace kiln::cuda

@@ -1,8 +1,10 @@
 #pragma once
-// The multi-tensor optimizer updates on CUDA: a group's parameters in a few launches, up to
-// kSgdGroup (kAdamGroup) parameters each, instead of one launch per parameter
-// (compiler/eager_cuda.cpp runs sgd_update_multi{,_} and adamw_update_multi{,_} through
-// them). No CUDA header here.
+// The optimizer updates on CUDA: a group's parameters in a few launches, up to kSgdGroup
+// (kAdamGroup) parameters each, instead of one launch per parameter. optim.cpp registers the
+// CUDA kernels of sgd_update{,_}, adamw_update{,_} and their multi forms on these: a single
+// update is a group of one. The element arithmetic is kernels/scalar.h's sgd_update and
+// adamw_update, the per-step factors kernels/optim_factors.h's, as in the CPU kernels. No
+// CUDA header here.
 #include <array>
 #include <span>
 #include <vector>
@@ -20,8 +22,8 @@ inline constexpr int kAdamGroup = 16;
 // and buf_out[k] when buffers are given; the inputs themselves for the in-place form).
 // Updates every f32 or f64 parameter whose tensors lie in one dense memory order
 // (contiguous or channels_last, the same strides), computing what the CPU kernel
-// (kernels/cpu/optim_ops.cpp) computes, element for element, and returns the indices of
-// the others, which the caller runs through the single-parameter kernels.
+// (kernels/cpu/optim_ops.cpp) computes, bit for bit, and returns the indices of the others,
+// which the caller updates on contiguous copies of their tensors.
 std::vector<int64_t> sgd_update_multi_tensor(std::span<const Tensor> in, std::span<const Tensor> p_out,
                                              std::span<const Tensor> buf_out, const Attrs& attrs);
 
