@@ -24,16 +24,13 @@ namespace kiln::compiler {
 
 namespace {
 
-// Strides classes the generated code will be specialised on.
-enum class StridesClass : uint8_t { contiguous, channels_last, other };
+// The strides the generated code is specialised on: a dense memory format, or none (any
+// other strides).
+using StridesClass = std::optional<MemoryFormat>;
 
 const char* strides_class_name(StridesClass c) {
-  switch (c) {
-    case StridesClass::contiguous: return "contiguous";
-    case StridesClass::channels_last: return "channels-last";
-    case StridesClass::other: return "non-contiguous";
-  }
-  return "?";
+  if (!c) return "non-contiguous";
+  return *c == MemoryFormat::channels_last ? "channels-last" : "contiguous";
 }
 
 // What a call's guards check of one tensor.
@@ -42,7 +39,7 @@ struct TensorGuard {
   DType dtype = DType::f32;
   Shape shape;
   Device device;
-  StridesClass strides = StridesClass::contiguous;
+  StridesClass strides = MemoryFormat::contiguous;
   bool requires_grad = false;
   std::optional<bool> grad_defined;  // for leaves that require grad
 
@@ -53,9 +50,9 @@ struct TensorGuard {
     g.dtype = t.dtype();
     g.shape = t.shape();
     g.device = t.device();
-    g.strides = t.is_contiguous() ? StridesClass::contiguous
-                : TensorType::of(t).layout == Layout::channels_last ? StridesClass::channels_last
-                                                                    : StridesClass::other;
+    g.strides = t.is_contiguous() ? StridesClass(MemoryFormat::contiguous)
+                : TensorType::of(t).layout == MemoryFormat::channels_last ? StridesClass(MemoryFormat::channels_last)
+                                                                          : std::nullopt;
     g.requires_grad = t.requires_grad();
     if (t.requires_grad() && t.is_leaf()) g.grad_defined = t.grad().defined();
     return g;
@@ -291,17 +288,6 @@ void install_backend(Entry& entry, const CompileOptions& options, const PoolOf& 
   // (A replayed result that must be a copy of its own is copied twice: rare, and the
   // uncaptured runs need the copy as the default mode does.)
   entry.replay = std::move(r);
-}
-
-const char* role_name(InputRole role) {
-  switch (role) {
-    case InputRole::data: return "input";
-    case InputRole::param: return "param";
-    case InputRole::state: return "state";
-    case InputRole::scalar: return "scalar";
-    case InputRole::random: return "random";
-  }
-  return "?";
 }
 
 // "1 result", "2 results".

@@ -24,19 +24,19 @@ class Fuser {
     for (const auto& wb : g.write_backs()) escapes_[static_cast<size_t>(wb.second.node)] = true;
   }
 
-  std::vector<FusionGroup> run() {
+  std::vector<ScheduleStep> run() {
     for (size_t i = 0; i < g_.nodes().size(); ++i) {
       const auto n = static_cast<int32_t>(i);
       const Node& node = g_.nodes()[i];
       if (node.kind != NodeKind::op) continue;
       if (node.def->kind == OpKind::view) {
         if (!node.inputs.empty() && node.inputs[0].defined() && in_run_.contains(node.inputs[0].node)) flush();
-        push({n}, FusionGroup::view);
+        push({n}, ScheduleStep::view);
         continue;
       }
       if (!has_generated_target(node)) {
         flush();
-        push({n}, FusionGroup::eager);
+        push({n}, ScheduleStep::eager);
         continue;
       }
       if (codegen::lowers_reduction(*node.def)) {
@@ -60,7 +60,7 @@ class Fuser {
         run_shape_ = node.outputs[0].shape;
         continue;
       }
-      push({n}, FusionGroup::eager);
+      push({n}, ScheduleStep::eager);
     }
     flush();
     return std::move(schedule_);
@@ -91,7 +91,7 @@ class Fuser {
     return codegen::try_lower_reduction(g_, nodes, refusal);
   }
 
-  void push(std::vector<int32_t> nodes, FusionGroup::Kind kind, codegen::Kernel kernel = {}) {
+  void push(std::vector<int32_t> nodes, ScheduleStep::Kind kind, codegen::Kernel kernel = {}) {
     schedule_.push_back({std::move(nodes), kind, std::move(kernel)});
   }
 
@@ -99,7 +99,7 @@ class Fuser {
   void flush() {
     if (run_.empty()) return;
     codegen::Kernel kernel = codegen::lower_pointwise(g_, run_);
-    push(std::move(run_), FusionGroup::pointwise, std::move(kernel));
+    push(std::move(run_), ScheduleStep::pointwise, std::move(kernel));
     run_.clear();
     in_run_.clear();
   }
@@ -129,9 +129,9 @@ class Fuser {
           if (auto k = reduction_kernel(fused)) {
             if (!rest.empty()) {
               codegen::Kernel before = codegen::lower_pointwise(g_, rest);
-              push(std::move(rest), FusionGroup::pointwise, std::move(before));
+              push(std::move(rest), ScheduleStep::pointwise, std::move(before));
             }
-            push(std::move(fused), FusionGroup::reduction, std::move(*k));
+            push(std::move(fused), ScheduleStep::reduction, std::move(*k));
             run_.clear();
             in_run_.clear();
             return;
@@ -141,15 +141,15 @@ class Fuser {
     }
     flush();
     if (auto k = reduction_kernel({r}))
-      push({r}, FusionGroup::reduction, std::move(*k));
+      push({r}, ScheduleStep::reduction, std::move(*k));
     else
-      push({r}, FusionGroup::eager);
+      push({r}, ScheduleStep::eager);
   }
 
   const Graph& g_;
   std::vector<std::vector<int32_t>> users_;  // per node: the nodes reading its values
   std::vector<bool> escapes_;                // per node: a graph output or write-back
-  std::vector<FusionGroup> schedule_;
+  std::vector<ScheduleStep> schedule_;
   std::vector<int32_t> run_;  // the current pointwise run
   std::set<int32_t> in_run_;
   Shape run_shape_;
@@ -157,16 +157,16 @@ class Fuser {
 
 }  // namespace
 
-const char* kind_name(FusionGroup::Kind kind) {
+const char* kind_name(ScheduleStep::Kind kind) {
   switch (kind) {
-    case FusionGroup::pointwise: return "pointwise";
-    case FusionGroup::reduction: return "reduction";
-    case FusionGroup::eager: return "eager";
-    case FusionGroup::view: return "view";
+    case ScheduleStep::pointwise: return "pointwise";
+    case ScheduleStep::reduction: return "reduction";
+    case ScheduleStep::eager: return "eager";
+    case ScheduleStep::view: return "view";
   }
   return "?";
 }
 
-std::vector<FusionGroup> fuse(const Graph& graph) { return Fuser(graph).run(); }
+std::vector<ScheduleStep> fuse(const Graph& graph) { return Fuser(graph).run(); }
 
 }  // namespace kiln::compiler

@@ -19,9 +19,11 @@
 // step comes before the run's kernel); a view of a value the run produces ends the run,
 // since a kernel cannot read its own result through a view.
 //
-// Membership is decided by asking the lowering itself: a node joins the run when
-// lower_pointwise accepts the run with it, so fusion never forms a group codegen refuses.
-// The groups' kernels are kept (already lowered).
+// Membership follows the ops' registry entries: a node joins the run when the code
+// generator lowers its op (codegen::lowers_pointwise), it has the run's shape and a value of
+// the run with it is used outside it, which is when lower_pointwise accepts the run; a
+// reduction takes its prologue when codegen::try_lower_reduction accepts the group. Each
+// run is lowered once, when it ends, and the steps keep their kernels.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -31,7 +33,7 @@
 
 namespace kiln::compiler {
 
-struct FusionGroup {
+struct ScheduleStep {
   enum Kind : uint8_t { pointwise, reduction, eager, view };
   std::vector<int32_t> nodes;  // op nodes, in node order
   Kind kind = eager;
@@ -41,9 +43,9 @@ struct FusionGroup {
 };
 
 // "pointwise", "reduction", "eager", "view".
-const char* kind_name(FusionGroup::Kind kind);
+const char* kind_name(ScheduleStep::Kind kind);
 
 // The schedule described above.
-std::vector<FusionGroup> fuse(const Graph& graph);
+std::vector<ScheduleStep> fuse(const Graph& graph);
 
 }  // namespace kiln::compiler

@@ -9,7 +9,7 @@
 #include <unordered_set>
 #include <utility>
 
-#include "compiler/codegen/run.h"
+#include "compiler/codegen/cpp_run.h"
 #include "compiler/run_graph.h"
 #include "core/cuda.h"
 #include "core/error.h"

@@ -40,7 +40,7 @@ class Program {
   std::vector<Tensor> run(const std::vector<Tensor>& inputs) const;
 
   const Graph& graph() const { return graph_; }
-  const std::vector<FusionGroup>& steps() const { return steps_; }
+  const std::vector<ScheduleStep>& steps() const { return steps_; }
   int64_t num_steps() const { return static_cast<int64_t>(steps_.size()); }
   int64_t num_kernels() const { return static_cast<int64_t>(kernels_.size()); }
 
@@ -104,7 +104,7 @@ class Program {
   std::vector<Tensor> finish(Run& run) const;
 
   Graph graph_;
-  std::vector<FusionGroup> steps_;
+  std::vector<ScheduleStep> steps_;
   std::vector<int32_t> kernel_of_;  // per step: index into kernels_, -1 for eager and view
   std::vector<KernelStep> kernels_;
   MemoryPlan plan_;

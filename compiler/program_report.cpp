@@ -23,7 +23,7 @@ std::string Program::cuda_graph_blocker() const {
       return fmt::format("input \"{}\" is on {}, not cuda:{}", input.name, device, gpu_);
   }
   for (size_t s = 0; s < steps_.size(); ++s) {
-    const FusionGroup& step = steps_[s];
+    const ScheduleStep& step = steps_[s];
     if (step.is_kernel()) {
       const Device device = kernels_[static_cast<size_t>(kernel_of_[s])].built.device;
       if (device != Device::cuda(gpu_)) return fmt::format("kernel {} runs on {}", step.kernel.name, device);
@@ -56,7 +56,7 @@ std::string Program::profile() const {
   std::map<std::string, Row> rows;
   double total = 0;
   for (size_t s = 0; s < steps_.size(); ++s) {
-    const FusionGroup& step = steps_[s];
+    const ScheduleStep& step = steps_[s];
     const std::string label = step.is_kernel()
                                   ? fmt::format("kernel {}", step.kernel.name)
                                   : fmt::format("{} {}", kind_name(step.kind),
@@ -123,9 +123,9 @@ std::string Program::describe() const {
   const Graph& g = graph_;
   int64_t ops = 0, eager = 0, views = 0;
   for (const Node& n : g.nodes()) ops += n.kind == NodeKind::op;
-  for (const FusionGroup& s : steps_) {
-    eager += s.kind == FusionGroup::eager;
-    views += s.kind == FusionGroup::view;
+  for (const ScheduleStep& s : steps_) {
+    eager += s.kind == ScheduleStep::eager;
+    views += s.kind == ScheduleStep::view;
   }
   std::string out = fmt::format("program: {} steps for {} op nodes: {} kernels, {} eager, {} views; planned peak ~{:.2f} MiB\n",
                                 steps_.size(), ops, num_kernels(), eager, views,
@@ -136,7 +136,7 @@ std::string Program::describe() const {
     return fmt::format("{}", fmt::join(text, " "));
   };
   for (size_t s = 0; s < steps_.size(); ++s) {
-    const FusionGroup& step = steps_[s];
+    const ScheduleStep& step = steps_[s];
     // "in place into %3": the write-back the step computes straight into its input.
     auto into = [&](int32_t input) {
       return fmt::format("%{}", g.value_number(g.inputs()[static_cast<size_t>(input)]));

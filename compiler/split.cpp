@@ -4,7 +4,7 @@
 #include <fmt/format.h>
 
 #include "compiler/trace.h"
-#include "compiler/tracer.h"
+#include "compiler/trace_recorder.h"
 #include "core/grad_mode.h"
 #include "core/registry.h"
 

@@ -1,12 +1,12 @@
 // The tracer (compiler/trace.h): one eager run of a function under the op registry's hook,
-// turning each reported op call into a graph node (compiler/tracer.h); and a Trace's replay.
+// turning each reported op call into a graph node (compiler/trace_recorder.h); and a Trace's replay.
 #include "compiler/trace.h"
 
 #include <optional>
 
 #include "autograd/meta.h"
 #include "compiler/run_graph.h"
-#include "compiler/tracer.h"
+#include "compiler/trace_recorder.h"
 #include "core/generator.h"
 #include "core/registry.h"
 

@@ -3,7 +3,7 @@
 // written (sealed with a digest, atomically, durably) and read back (checked before use),
 // private scratch directories for the compilers, and how a key is made (a content hash that
 // covers the kiln headers a generated source includes). Used by the C++ JIT
-// (compiler/codegen/jit.cpp) and by NVRTC (kernels/cuda/nvrtc.cpp).
+// (compiler/codegen/cpp_jit.cpp) and by NVRTC (kernels/cuda/nvrtc.cpp).
 //
 // Layout: <root>/<kind>/<key>.<ext>. The root is $KILN_CACHE_DIR, else
 // $XDG_CACHE_HOME/kiln, else $HOME/.cache/kiln; with none of them set there is no disk

@@ -183,7 +183,7 @@ const OpDef& define_op(OpDef def);
 // Registers `op`'s kernel for a device type (from kernels/<device>/).
 void register_kernel(std::string_view op, DeviceType device, KernelFn kernel);
 // Gives a kernel on `device` to every op that `make` makes one for from its facts (the
-// generated CUDA kernels of the elementwise ops and reductions, compiler/eager_cuda.cpp): to
+// generated CUDA kernels of the elementwise ops and reductions, compiler/codegen/cuda_eager.cpp): to
 // the ops defined so far and to each op defined later. A kernel registered by name wins.
 using KernelMaker = KernelFn (*)(const OpDef& op);
 void register_kernel_maker(DeviceType device, KernelMaker make);

@@ -1,14 +1,14 @@
 #pragma once
 // Building kernels for their targets: each kernel rendered for the device its outputs live
 // on (C++ for the CPU, codegen/cpp.h; CUDA for a GPU, codegen/cuda.h) and compiled, the
-// C++ ones in one parallel batch through the kernel cache (codegen/jit.h), the CUDA ones
+// C++ ones in one parallel batch through the kernel cache (codegen/cpp_jit.h), the CUDA ones
 // per GPU through NVRTC (codegen/cuda_run.h). What the compiled program runs.
 #include <span>
 #include <string>
 #include <vector>
 
 #include "compiler/codegen/cuda_run.h"
-#include "compiler/codegen/jit.h"
+#include "compiler/codegen/cpp_jit.h"
 #include "compiler/codegen/kernel_ir.h"
 #include "core/device.h"
 

@@ -12,7 +12,7 @@
 #include <fmt/format.h>
 
 #include "compiler/codegen/cuda.h"
-#include "compiler/codegen/run.h"
+#include "compiler/codegen/cpp_run.h"
 #include "kernels/cuda/nvrtc.h"
 #include "kernels/cuda/runtime.h"
 

@@ -1,6 +1,6 @@
 #pragma once
 // Compiling, loading and running CUDA renderings of kernels (codegen/cuda.h) on CUDA
-// tensors: what the compiled program and the eager CUDA ops (compiler/eager_cuda.cpp) share.
+// tensors: what the compiled program and the eager CUDA ops (compiler/codegen/cuda_eager.cpp) share.
 // No CUDA header here: a loaded kernel is an opaque handle. In a build without the CUDA
 // toolkit every function is a kiln::Error saying so.
 #include <span>

@@ -300,7 +300,7 @@ Kernel lower_pointwise(const Graph& g, const std::vector<int32_t>& nodes) {
   // so that the innermost loop is the unit-stride one.
   std::vector<int32_t> order(space.size());
   for (size_t d = 0; d < space.size(); ++d) order[d] = static_cast<int32_t>(d);
-  if (first.layout == Layout::channels_last && space.size() == 4) order = {0, 2, 3, 1};
+  if (first.layout == MemoryFormat::channels_last && space.size() == 4) order = {0, 2, 3, 1};
   l.set_space(space, order, 0);
   for (int32_t n : outputs) {
     const Shape& shape = g.nodes()[static_cast<size_t>(n)].outputs[0].shape;

@@ -36,13 +36,29 @@ std::string quoted(const std::string& s) {
 
 }  // namespace
 
+const char* role_name(InputRole role) {
+  switch (role) {
+    case InputRole::data: return "input";
+    case InputRole::param: return "param";
+    case InputRole::state: return "state";
+    case InputRole::scalar: return "scalar";
+    case InputRole::random: return "random";
+  }
+  return "input";
+}
+
+std::optional<InputRole> role_of(std::string_view keyword) {
+  for (InputRole role : {InputRole::data, InputRole::param, InputRole::state, InputRole::scalar, InputRole::random})
+    if (keyword == role_name(role)) return role;
+  return std::nullopt;
+}
+
 TensorType TensorType::of(const Tensor& t) {
   if (!t.defined()) return TensorType{.defined = false};
   return TensorType{.dtype = t.dtype(),
                     .shape = t.shape(),
                     .device = t.device(),
-                    .layout = t.suggest_memory_format() == MemoryFormat::channels_last ? Layout::channels_last
-                                                                                       : Layout::contiguous,
+                    .layout = t.suggest_memory_format(),
                     .wrapped_number = t.is_wrapped_number()};
 }
 
@@ -53,7 +69,7 @@ TensorType TensorType::of(const TensorMeta& m) {
   return TensorType{.dtype = m.dtype,
                     .shape = m.shape,
                     .device = m.device,
-                    .layout = channels_last ? Layout::channels_last : Layout::contiguous,
+                    .layout = channels_last ? MemoryFormat::channels_last : MemoryFormat::contiguous,
                     .wrapped_number = m.wrapped_number};
 }
 
@@ -65,7 +81,7 @@ TensorMeta TensorType::meta() const {
 std::string TensorType::str() const {
   if (!defined) return "none";
   std::string s = fmt::format("{}{}", dtype, shape_str(shape));
-  if (layout == Layout::channels_last) s += " nhwc";
+  if (layout == MemoryFormat::channels_last) s += " nhwc";
   if (wrapped_number) s += " number";
   if (!device.is_cpu()) s += fmt::format(" {}", device);
   return s;

@@ -43,6 +43,7 @@
 // word), $2 / $2.5 / $true (Scalar), [1,2] (ints), f32 (DType), cpu / cuda:0 (Device),
 // "text" (string, with \" and \\ escaped).
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -55,22 +56,18 @@
 namespace kiln::compiler {
 
 // The strides class of a value: row-major contiguous, or channels-last (NHWC) for 4-d.
-enum class Layout : uint8_t { contiguous, channels_last };
-
 struct TensorType {
   DType dtype = DType::f32;
   Shape shape;
   Device device;
-  Layout layout = Layout::contiguous;
+  MemoryFormat layout = MemoryFormat::contiguous;  // core/tensor.h's, as eager tensors say it
   bool wrapped_number = false;  // a 0-d tensor made from a number (type promotion treats it weakly)
   bool defined = true;          // false: an absent optional input
 
   static TensorType of(const Tensor& t);  // layout from t's strides
   static TensorType of(const TensorMeta& m);
   TensorMeta meta() const;
-  MemoryFormat memory_format() const {
-    return layout == Layout::channels_last ? MemoryFormat::channels_last : MemoryFormat::contiguous;
-  }
+  MemoryFormat memory_format() const { return layout; }
   // "f32[8,64,112,112]", then " nhwc", " number" and " cuda:0" (devices other than cpu)
   // when they apply; "none" when undefined.
   std::string str() const;
@@ -91,6 +88,10 @@ enum class NodeKind : uint8_t { input, constant, op };
 // scalar (a 0-d runtime hyperparameter: lr, loss scale, accumulation weight), random (the
 // random ops' base: seed and first counter, above).
 enum class InputRole : uint8_t { data, param, state, scalar, random };
+// The role's keyword in the IR text and in messages: "input", "param", "state", "scalar",
+// "random"; role_of reads one back (nothing for another word).
+const char* role_name(InputRole role);
+std::optional<InputRole> role_of(std::string_view keyword);
 
 struct Node {
   NodeKind kind = NodeKind::op;

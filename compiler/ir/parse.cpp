@@ -226,7 +226,7 @@ TensorType tensor_type(LineReader& in) {
     const char next = in.peek();
     if (!std::isalpha(static_cast<unsigned char>(next))) break;
     std::string_view word = in.word();
-    if (word == "nhwc") type.layout = Layout::channels_last;
+    if (word == "nhwc") type.layout = MemoryFormat::channels_last;
     else if (word == "number") type.wrapped_number = true;
     else if (std::optional<Device> d = device_named(in, word)) type.device = *d;
     else in.error("unknown type qualifier '{}'", word);
@@ -261,9 +261,8 @@ class GraphReader {
     for (int64_t n : defined)
       if (values_.contains(n)) in.error("%{} is defined twice", n);
     std::vector<Value> values;
-    if (keyword == "input" || keyword == "param" || keyword == "state" || keyword == "scalar" ||
-        keyword == "random") {
-      values.push_back(read_input(in, keyword));
+    if (const std::optional<InputRole> role = role_of(keyword)) {
+      values.push_back(read_input(in, *role));
     } else if (keyword == "constant") {
       values.push_back(read_constant(in));
     } else {
@@ -305,12 +304,7 @@ class GraphReader {
     }
   }
 
-  Value read_input(LineReader& in, std::string_view keyword) {
-    const InputRole role = keyword == "param"   ? InputRole::param
-                           : keyword == "state" ? InputRole::state
-                           : keyword == "scalar" ? InputRole::scalar
-                           : keyword == "random" ? InputRole::random
-                                                 : InputRole::data;
+  Value read_input(LineReader& in, InputRole role) {
     std::string name = in.quoted_string();
     in.expect(':', "before the input's type");
     TensorType type = tensor_type(in);

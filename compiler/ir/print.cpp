@@ -8,17 +8,6 @@ namespace kiln::compiler {
 
 namespace {
 
-std::string_view role_keyword(InputRole role) {
-  switch (role) {
-    case InputRole::data: return "input";
-    case InputRole::param: return "param";
-    case InputRole::state: return "state";
-    case InputRole::scalar: return "scalar";
-    case InputRole::random: return "random";
-  }
-  return "input";
-}
-
 std::string value_text(const Graph& graph, Value v) {
   return v.defined() ? fmt::format("%{}", graph.value_number(v)) : std::string("none");
 }
@@ -59,7 +48,7 @@ std::string print(const Graph& graph, bool with_sources) {
     std::string line = defined_values(graph, static_cast<int32_t>(index), node);
     switch (node.kind) {
       case NodeKind::input:
-        line += fmt::format("{} {} : {}", role_keyword(node.role), attr_text(AttrValue{node.name}),
+        line += fmt::format("{} {} : {}", role_name(node.role), attr_text(AttrValue{node.name}),
                             types_text(node));
         break;
       case NodeKind::constant:

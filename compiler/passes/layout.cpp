@@ -23,7 +23,7 @@ namespace {
 bool convertible(const Rewriter& rw, Value v) {
   if (!v.defined()) return false;
   const TensorType& t = rw.type(v);
-  return t.layout == Layout::contiguous && channels_last_differs(t.shape) && is_floating(t.dtype);
+  return t.layout == MemoryFormat::contiguous && channels_last_differs(t.shape) && is_floating(t.dtype);
 }
 
 // The inputs of each convolution op that it reads as activations (N, C, H, W).
@@ -61,7 +61,7 @@ std::vector<Rule> make_layout_rules() {
   // NCHW value was (SmallCNN's flatten before its classifier).
   rules.push_back({"contiguous_before_view", {}, [](Rewriter& rw, const Candidate& c) -> Replacement {
                      if (c.def.kind != OpKind::view || c.inputs.empty() || !c.inputs[0].defined() ||
-                         rw.type(c.inputs[0]).layout != Layout::channels_last)
+                         rw.type(c.inputs[0]).layout != MemoryFormat::channels_last)
                        return std::nullopt;
                      Values inputs = c.inputs;
                      inputs[0] = rw.add_op1("clone", {inputs[0]}, {}, "layout");

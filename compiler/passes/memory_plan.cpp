@@ -28,7 +28,7 @@ int accumulator_input(const Node& node, const Graph& g) {
 // Releases: per output, not per node: batch_norm_backward's input gradient dies at the next
 // step while its weight and bias gradients are outputs (held per node, ResNet-50's backward
 // kept one activation per layer too many, 26 MiB at batch 8).
-void plan_releases(const Graph& graph, const std::vector<FusionGroup>& steps, MemoryPlan& plan) {
+void plan_releases(const Graph& graph, const std::vector<ScheduleStep>& steps, MemoryPlan& plan) {
   constexpr int32_t kKeep = std::numeric_limits<int32_t>::max();
   const std::vector<Node>& nodes = graph.nodes();
   // Per node, per output: the last step that reads it, and the step that makes it.
@@ -46,7 +46,7 @@ void plan_releases(const Graph& graph, const std::vector<FusionGroup>& steps, Me
   }
   for (size_t s = 0; s < steps.size(); ++s) {
     const auto step = static_cast<int32_t>(s);
-    const FusionGroup& group = steps[s];
+    const ScheduleStep& group = steps[s];
     if (group.is_kernel()) {
       for (int32_t b : group.kernel.input_buffers()) {
         const codegen::Buffer& in = group.kernel.buffers[static_cast<size_t>(b)];
@@ -74,7 +74,7 @@ void plan_releases(const Graph& graph, const std::vector<FusionGroup>& steps, Me
 }
 
 // In-place write-backs (the plan's first rule), given the releases.
-void plan_in_place(const Graph& graph, const std::vector<FusionGroup>& steps, MemoryPlan& plan) {
+void plan_in_place(const Graph& graph, const std::vector<ScheduleStep>& steps, MemoryPlan& plan) {
   const std::vector<Node>& nodes = graph.nodes();
   const auto num_inputs = static_cast<int32_t>(graph.inputs().size());
   std::unordered_map<int32_t, int32_t> input_of_node;  // input node -> its index in inputs()
@@ -96,7 +96,7 @@ void plan_in_place(const Graph& graph, const std::vector<FusionGroup>& steps, Me
     if (i >= 0) last_read[static_cast<size_t>(i)] = std::max(last_read[static_cast<size_t>(i)], step);
   };
   for (size_t s = 0; s < steps.size(); ++s) {
-    const FusionGroup& group = steps[s];
+    const ScheduleStep& group = steps[s];
     if (group.is_kernel()) {
       for (int32_t b : group.kernel.input_buffers())
         read(group.kernel.buffers[static_cast<size_t>(b)].node, static_cast<int32_t>(s));
@@ -124,7 +124,7 @@ void plan_in_place(const Graph& graph, const std::vector<FusionGroup>& steps, Me
   plan.in_place_eager.assign(steps.size(), -1);
   for (size_t s = 0; s < steps.size(); ++s) {
     const auto step = static_cast<int32_t>(s);
-    const FusionGroup& group = steps[s];
+    const ScheduleStep& group = steps[s];
     if (group.is_kernel()) {
       const codegen::Kernel& k = group.kernel;
       std::vector<int32_t>& into = plan.in_place_outputs[s];
@@ -141,7 +141,7 @@ void plan_in_place(const Graph& graph, const std::vector<FusionGroup>& steps, Me
       }
       continue;
     }
-    if (group.kind != FusionGroup::eager) continue;
+    if (group.kind != ScheduleStep::eager) continue;
     const Node& node = nodes[static_cast<size_t>(group.nodes.at(0))];
     if (node.outputs.size() == 1) {
       const int32_t i = target(group.nodes.at(0), 0);
@@ -182,12 +182,12 @@ void plan_in_place(const Graph& graph, const std::vector<FusionGroup>& steps, Me
 }
 
 // Buffer reuse (the plan's second rule), given the releases and the in-place outputs.
-void plan_reuse(const Graph& graph, const std::vector<FusionGroup>& steps, MemoryPlan& plan) {
+void plan_reuse(const Graph& graph, const std::vector<ScheduleStep>& steps, MemoryPlan& plan) {
   const std::vector<Node>& nodes = graph.nodes();
   plan.reuse_input.assign(steps.size(), {});
   for (size_t s = 0; s < steps.size(); ++s) {
-    const FusionGroup& group = steps[s];
-    if (group.kind != FusionGroup::pointwise) continue;
+    const ScheduleStep& group = steps[s];
+    if (group.kind != ScheduleStep::pointwise) continue;
     const codegen::Kernel& k = group.kernel;
     const std::vector<int32_t> ins = k.input_buffers(), outs = k.output_buffers();
     std::vector<int32_t>& reuse = plan.reuse_input[s];
@@ -222,7 +222,7 @@ void plan_reuse(const Graph& graph, const std::vector<FusionGroup>& steps, Memor
 }
 
 // The peak bytes under the rules above.
-void plan_peak(const Graph& graph, const std::vector<FusionGroup>& steps, MemoryPlan& plan) {
+void plan_peak(const Graph& graph, const std::vector<ScheduleStep>& steps, MemoryPlan& plan) {
   // Values map to buffers: a fresh output makes one, a view or a reused input shares its
   // base's, a write-back computed in place uses the graph input's (not counted). A buffer
   // is freed when the last value on it is released.
@@ -246,7 +246,7 @@ void plan_peak(const Graph& graph, const std::vector<FusionGroup>& steps, Memory
     ++holders[static_cast<size_t>(it->second)];
   };
   for (size_t s = 0; s < steps.size(); ++s) {
-    const FusionGroup& group = steps[s];
+    const ScheduleStep& group = steps[s];
     if (group.is_kernel()) {
       const codegen::Kernel& k = group.kernel;
       const std::vector<int32_t> ins = k.input_buffers(), outs = k.output_buffers();
@@ -264,7 +264,7 @@ void plan_peak(const Graph& graph, const std::vector<FusionGroup>& steps, Memory
     } else {
       const int32_t n = group.nodes.at(0);
       const Node& node = nodes[static_cast<size_t>(n)];
-      if (group.kind == FusionGroup::view) {
+      if (group.kind == ScheduleStep::view) {
         share({n, 0}, node.inputs.at(0));
       } else if (!plan.in_place_op[s] && plan.in_place_eager[s] < 0) {
         for (size_t o = 0; o < node.outputs.size(); ++o) fresh({n, static_cast<int32_t>(o)});
@@ -282,7 +282,7 @@ void plan_peak(const Graph& graph, const std::vector<FusionGroup>& steps, Memory
 
 }  // namespace
 
-MemoryPlan plan_memory(const Graph& graph, const std::vector<FusionGroup>& steps) {
+MemoryPlan plan_memory(const Graph& graph, const std::vector<ScheduleStep>& steps) {
   MemoryPlan plan;
   plan_releases(graph, steps, plan);
   plan_in_place(graph, steps, plan);

@@ -3,7 +3,7 @@
 // (compiler/fusion.h) lives while the schedule runs, computed once from the graph and its
 // steps, before any tensor exists. Program (compiler/program.h) runs by it.
 //
-//   const std::vector<FusionGroup> steps = fuse(graph);
+//   const std::vector<ScheduleStep> steps = fuse(graph);
 //   const MemoryPlan plan = plan_memory(graph, steps);
 //
 // Four rules, each a function of the ones before:
@@ -53,6 +53,6 @@ struct MemoryPlan {
 };
 
 // The plan of running `steps` (fuse(graph)) in order.
-MemoryPlan plan_memory(const Graph& graph, const std::vector<FusionGroup>& steps);
+MemoryPlan plan_memory(const Graph& graph, const std::vector<ScheduleStep>& steps);
 
 }  // namespace kiln::compiler

@@ -141,7 +141,7 @@ Graph Rewriter::run() {
   auto as_before = [&](Value old_value) {
     const Value v = map(old_value);
     if (!relaxed_layout_ || !v.defined() || out_.type(v).layout == source_.type(old_value).layout) return v;
-    const bool channels_last = source_.type(old_value).layout == Layout::channels_last;
+    const bool channels_last = source_.type(old_value).layout == MemoryFormat::channels_last;
     return out_.add_op1("clone", {v}, channels_last ? Attrs{{"channels_last", true}} : Attrs{}, "layout");
   };
   Values outputs;

@@ -1,5 +1,5 @@
 // CUDA kernels of the factory ops. empty allocates only; full fills on the GPU (the fill
-// kernel is generated, compiler/eager_cuda.cpp); the random ones (uniform, normal, randint)
+// kernel is generated, compiler/codegen/cuda_eager.cpp); the random ones (uniform, normal, randint)
 // are Philox kernels of their own (kernels/cuda/random.cpp); arange, linspace and eye are
 // hand-written kernels computing each element as the CPU kernel does (f64 arithmetic,
 // rounded through the compute type), so they give the CPU's values exactly, with no

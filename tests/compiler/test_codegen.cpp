@@ -8,9 +8,9 @@
 #include <iostream>
 
 #include "compiler/codegen/cpp.h"
-#include "compiler/codegen/jit.h"
+#include "compiler/codegen/cpp_jit.h"
 #include "compiler/codegen/lower.h"
-#include "compiler/codegen/run.h"
+#include "compiler/codegen/cpp_run.h"
 #include "compiler/trace.h"
 #include "compiler_testing.h"
 #include "core/disk_cache.h"

@@ -24,7 +24,7 @@ using Args = std::vector<Tensor>;
 
 int64_t eager_steps(const Graph& g) {
   int64_t n = 0;
-  for (const FusionGroup& group : fuse(g)) n += group.kind == FusionGroup::eager;
+  for (const ScheduleStep& group : fuse(g)) n += group.kind == ScheduleStep::eager;
   return n;
 }
 

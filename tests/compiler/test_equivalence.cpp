@@ -22,7 +22,7 @@
 #include <string>
 #include <unistd.h>
 
-#include "compiler/codegen/jit.h"
+#include "compiler/codegen/cpp_jit.h"
 #include "compiler/compile.h"
 #include "compiler/fusion.h"
 #include "compiler/passes/passes.h"
@@ -253,7 +253,7 @@ TEST_CASE("equivalence: ResNet-50 training step compile time cold and warm", "[e
   const double trace_s = timed([&] { t = trace(fn, batch, options.trace); });
   const double passes_s =
       timed([&] { simplified = run_pipeline(t.graph, default_simplify_passes(), nullptr, false); });
-  std::vector<FusionGroup> groups;
+  std::vector<ScheduleStep> groups;
   const double fuse_s = timed([&] { groups = fuse(simplified); });
   std::unique_ptr<Program> program;
   const double program_s = timed([&] { program = std::make_unique<Program>(simplified); });

@@ -130,7 +130,7 @@ TEST_CASE("ir: parse reads every attribute kind exactly", "[ir]") {
   const Graph g = parse(read_text(std::filesystem::path(KILN_TEST_IR_DIR) / "attributes.ir"));
   CHECK(node_of(g, 0).name == "x#1 \"quoted\" \\ name");
   CHECK(node_of(g, 1).outputs[0].device == Device::cuda(0));
-  CHECK(node_of(g, 2).outputs[0].layout == Layout::channels_last);
+  CHECK(node_of(g, 2).outputs[0].layout == MemoryFormat::channels_last);
   CHECK(node_of(g, 2).outputs[0].dtype == DType::f16);
   CHECK(node_of(g, 3).role == InputRole::scalar);
 

@@ -1,5 +1,5 @@
 // The kernel cache's disk entries and scratch directories (core/disk_cache.h,
-// compiler/codegen/jit.h): entries are checked against their digest before dlopen, bad ones
+// compiler/codegen/cpp_jit.h): entries are checked against their digest before dlopen, bad ones
 // are discarded with a warning and rebuilt, cache directories are private, scratch
 // directories are private and removed, and a rebuilt entry is the code that runs.
 #include <fcntl.h>
@@ -13,7 +13,7 @@
 #include <optional>
 #include <string>
 
-#include "compiler/codegen/jit.h"
+#include "compiler/codegen/cpp_jit.h"
 #include "compiler_testing.h"
 #include "core/disk_cache.h"
 #include "core/error.h"

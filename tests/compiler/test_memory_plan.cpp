@@ -18,7 +18,7 @@ namespace {
 
 struct Planned {
   Graph graph;
-  std::vector<FusionGroup> steps;
+  std::vector<ScheduleStep> steps;
   MemoryPlan plan;
 };
 
@@ -71,7 +71,7 @@ return %3
   REQUIRE(p.steps.size() == 2);
   const int relu = step_of(p, 3);
   REQUIRE(relu == 1);
-  REQUIRE(p.steps[1].kind == FusionGroup::pointwise);
+  REQUIRE(p.steps[1].kind == ScheduleStep::pointwise);
   CHECK(released_after(p, relu, {2, 0}));
   CHECK(p.plan.reuse_input[1] == std::vector<int32_t>{0});  // over the kernel's input 0: %2
   CHECK(p.plan.in_place_outputs[1] == std::vector<int32_t>{-1});
@@ -239,10 +239,10 @@ TEST_CASE("memory plan: an optimizer's pure update runs as its in-place twin", "
         return {};
       },
       {randn({4, 5}), randn({4, 5})});
-  const std::vector<FusionGroup> steps = fuse(t.graph);
+  const std::vector<ScheduleStep> steps = fuse(t.graph);
   const MemoryPlan plan = plan_memory(t.graph, steps);
   INFO(print(t.graph));
-  const auto update = std::find_if(steps.begin(), steps.end(), [](const FusionGroup& s) { return !s.is_kernel(); });
+  const auto update = std::find_if(steps.begin(), steps.end(), [](const ScheduleStep& s) { return !s.is_kernel(); });
   REQUIRE(update != steps.end());
   const auto s = static_cast<size_t>(update - steps.begin());
   REQUIRE(plan.in_place_op[s] != nullptr);

@@ -9,7 +9,7 @@
 #include <string>
 #include <unistd.h>
 
-#include "compiler/codegen/jit.h"
+#include "compiler/codegen/cpp_jit.h"
 #include "compiler/compile.h"
 #include "compiler/fusion.h"
 #include "compiler/passes/passes.h"
@@ -82,7 +82,7 @@ TEST_CASE("program fuses a pointwise chain into one kernel equal to eager in f32
     const Program p(g);
     CHECK(p.num_kernels() == 1);
     CHECK(p.num_steps() < op_nodes(g));
-    CHECK(p.steps().back().kind == FusionGroup::pointwise);
+    CHECK(p.steps().back().kind == ScheduleStep::pointwise);
     CHECK_THAT(p.describe(), Contains("pointwise") && Contains("k0_mul_add_relu"));
     CHECK_THAT(p.kernel_ir(0), Contains("kernel mul_add_relu"));
     CHECK_THAT(p.kernel_source(0), Contains("k_mul_add_relu"));
@@ -128,7 +128,7 @@ TEST_CASE("program fuses a pointwise prologue into the reduction after it", "[pr
   const Program p(g);
   REQUIRE(p.num_kernels() == 1);
   CHECK(p.steps().size() == 1);
-  CHECK(p.steps()[0].kind == FusionGroup::reduction);
+  CHECK(p.steps()[0].kind == ScheduleStep::reduction);
   CHECK(p.steps()[0].nodes.size() == 3);
   KILN_CHECK_CLOSE(p.run(args).at(0), fn(args)[0], 1e-12, 1e-12);
 
@@ -139,8 +139,8 @@ TEST_CASE("program fuses a pointwise prologue into the reduction after it", "[pr
   };
   const Program q(simplified_trace(shared, args));
   REQUIRE(q.steps().size() == 2);
-  CHECK(q.steps()[0].kind == FusionGroup::pointwise);
-  CHECK(q.steps()[1].kind == FusionGroup::reduction);
+  CHECK(q.steps()[0].kind == ScheduleStep::pointwise);
+  CHECK(q.steps()[1].kind == ScheduleStep::reduction);
   const Args out = q.run(args), want = shared(args);
   KILN_CHECK_CLOSE(out.at(0), want[0], 1e-12, 1e-12);
   KILN_CHECK_CLOSE(out.at(1), want[1], 0.0, 0.0);
@@ -246,14 +246,14 @@ TEST_CASE("fusion keeps eager ops and views as their own steps in node order", "
   const Value m = g.add_op1("matmul", {b, wt});
   const Value c = g.add_op1("add", {m, a});
   g.set_outputs({c});
-  const std::vector<FusionGroup> steps = fuse(g);
+  const std::vector<ScheduleStep> steps = fuse(g);
   REQUIRE(steps.size() == 4);
-  CHECK(steps[0].kind == FusionGroup::view);
-  CHECK(steps[1].kind == FusionGroup::pointwise);
+  CHECK(steps[0].kind == ScheduleStep::view);
+  CHECK(steps[1].kind == ScheduleStep::pointwise);
   CHECK(steps[1].nodes == std::vector<int32_t>{a.node, b.node});
   CHECK(steps[1].kernel.num_outputs() == 2);  // relu is read by the add after the matmul
-  CHECK(steps[2].kind == FusionGroup::eager);
-  CHECK(steps[3].kind == FusionGroup::pointwise);
+  CHECK(steps[2].kind == ScheduleStep::eager);
+  CHECK(steps[3].kind == ScheduleStep::pointwise);
 }
 
 TEST_CASE("program computes write-backs in place when no later step reads the old value", "[program]") {

@@ -207,7 +207,7 @@ TEST_CASE("random: random ops are library steps of the program", "[random][progr
   const Trace t = trace(fn, {x});
   Program program(t.graph);
   CHECK_THAT(program.describe(), Contains("eager") && Contains("dropout"));
-  for (const FusionGroup& step : program.steps())
+  for (const ScheduleStep& step : program.steps())
     if (step.is_kernel())
       for (int32_t n : step.nodes) CHECK_FALSE(t.graph.nodes()[static_cast<size_t>(n)].def->random);
   // Program::run reads the random input as the interpreter does.

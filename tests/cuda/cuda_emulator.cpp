@@ -8,7 +8,7 @@
 #include <fmt/format.h>
 
 #include "compiler/codegen/render.h"
-#include "compiler/codegen/run.h"
+#include "compiler/codegen/cpp_run.h"
 #include "core/error.h"
 
 namespace kiln::testing {

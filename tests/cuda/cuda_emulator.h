@@ -21,7 +21,7 @@
 #include <string>
 
 #include "compiler/codegen/cuda.h"
-#include "compiler/codegen/jit.h"
+#include "compiler/codegen/cpp_jit.h"
 #include "compiler/codegen/kernel_ir.h"
 #include "core/tensor.h"
 #include "kernels/cuda/hand_kernels.h"

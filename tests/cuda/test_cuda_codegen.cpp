@@ -150,7 +150,7 @@ TEST_CASE("cuda codegen: every kernel of a ResNet-50 training step compiles for 
   const Graph g = kiln::testing::resnet50_step_graph();
   std::vector<Kernel> kernels;
   std::map<std::string, int> kinds;
-  for (const FusionGroup& group : fuse(g)) {
+  for (const ScheduleStep& group : fuse(g)) {
     if (!group.is_kernel()) continue;
     kernels.push_back(group.kernel);
     ++kinds[group.kernel.num_reduced > 0 ? "reduction" : "pointwise"];

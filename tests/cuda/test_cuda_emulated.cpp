@@ -7,7 +7,7 @@
 
 #include "compiler/codegen/cpp.h"
 #include "compiler/codegen/lower.h"
-#include "compiler/codegen/run.h"
+#include "compiler/codegen/cpp_run.h"
 #include "compiler/compiler_testing.h"
 #include "compiler/fusion.h"
 #include "compiler/passes/passes.h"
@@ -159,7 +159,7 @@ TEST_CASE("cuda emulated: channels_last, broadcast, mixed dtypes and 16-bit floa
   SECTION("an NHWC batch-norm apply: x * scale[C] + shift[C] then relu, C innermost") {
     Graph g;
     TensorType xt = type({2, 8, 3, 5});
-    xt.layout = Layout::channels_last;
+    xt.layout = MemoryFormat::channels_last;
     const Value x = g.add_input("x", xt);
     const Value s = g.add_input("s", type({1, 8, 1, 1}));
     const Value t = g.add_input("t", type({1, 8, 1, 1}));
@@ -227,7 +227,7 @@ TEST_CASE("cuda emulated: reductions combine through shuffles and shared memory 
   SECTION("an NHWC batch norm's channel sums over N, H and W, and the maxima (exact)") {
     Graph g;
     TensorType xt = type({2, 8, 3, 5});
-    xt.layout = Layout::channels_last;
+    xt.layout = MemoryFormat::channels_last;
     const Value x = g.add_input("x", xt);
     g.set_outputs({op(g, "amax", {x}, {{"dims", std::vector<int64_t>{0, 2, 3}}})});
     const Kernel k = lower(g, true);
@@ -247,9 +247,9 @@ TEST_CASE("cuda emulated: every pointwise kernel of a ResNet-50 training step eq
   const Graph g = kiln::testing::resnet50_step_graph();
   // One kernel per distinct source; the first group of each is run.
   std::map<std::string, const Kernel*> first;
-  std::vector<FusionGroup> groups = fuse(g);
-  for (const FusionGroup& group : groups)
-    if (group.kind == FusionGroup::pointwise) first.emplace(render_cuda(group.kernel), &group.kernel);
+  std::vector<ScheduleStep> groups = fuse(g);
+  for (const ScheduleStep& group : groups)
+    if (group.kind == ScheduleStep::pointwise) first.emplace(render_cuda(group.kernel), &group.kernel);
   REQUIRE(first.size() >= 3);
   std::vector<std::pair<std::string, std::string>> cpp_sources;
   for (const auto& [source, k] : first) cpp_sources.push_back({render_cpp(*k), cpp_symbol(*k)});
@@ -273,9 +273,9 @@ TEST_CASE("cuda emulated: every kernel of an MLP training step equals its C++ ke
   const Tensor x = randn({3, 48});
   const Tensor y = randint(0, 10, {3});
   const Graph g = kiln::testing::training_step_graph(*model, x, y);
-  const std::vector<FusionGroup> groups = fuse(g);
+  const std::vector<ScheduleStep> groups = fuse(g);
   std::vector<const Kernel*> kernels;
-  for (const FusionGroup& group : groups)
+  for (const ScheduleStep& group : groups)
     if (group.is_kernel()) kernels.push_back(&group.kernel);
   int64_t reductions = 0;
   for (const Kernel* k : kernels) reductions += k->num_reduced > 0;

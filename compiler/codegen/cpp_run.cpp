@@ -1,4 +1,4 @@
-#include "compiler/codegen/run.h"
+#include "compiler/codegen/cpp_run.h"
 
 #include <fmt/format.h>
 

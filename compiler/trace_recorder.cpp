@@ -1,6 +1,6 @@
-// The tracer's machinery (compiler/tracer.h): each reported op call, host read and .grad
+// The tracer's machinery (compiler/trace_recorder.h): each reported op call, host read and .grad
 // change of a traced call, turned into graph nodes, inputs, write-backs and guards.
-#include "compiler/tracer.h"
+#include "compiler/trace_recorder.h"
 
 #include <algorithm>
 #include <optional>

@@ -3,7 +3,7 @@
 #include <span>
 #include <vector>
 
-#include "compiler/codegen/jit.h"
+#include "compiler/codegen/cpp_jit.h"
 #include "compiler/codegen/kernel_ir.h"
 #include "core/tensor.h"
 

@@ -1,4 +1,4 @@
-#include "compiler/codegen/jit.h"
+#include "compiler/codegen/cpp_jit.h"
 
 #include <dlfcn.h>
 #include <fcntl.h>

@@ -199,7 +199,7 @@ void run(const OpDef& op, Span in_given, Span out_given, const Attrs& attrs, boo
       }
       TensorType type = TensorType::of(in[i]);
       type.device = device;
-      type.layout = Layout::contiguous;
+      type.layout = MemoryFormat::contiguous;
       inputs.push_back(g.add_input(fmt::format("x{}", i), type));
     }
     g.set_outputs(g.add_op(op.name, inputs, attrs));

@@ -4,7 +4,7 @@
 // and sort/topk (kernels/cuda/indexing.cpp) and cross_entropy_prob_loss with its backward
 // (kernels/cuda/loss.cpp), hand-written in the CPU's order: exact. On a GPU each equals the CPU for
 // several shapes, dtypes, dims and strided inputs. (That the kernels compile to sm_90
-// without a GPU is test_native_ops.cpp's [nvrtc] test.) Tolerances, relative:
+// without a GPU is test_hand_kernels_loss_reduce_indexing.cpp's [nvrtc] test.) Tolerances, relative:
 // - var, std, logsumexp, the finite norms, prod: the GPU's f64 sums and products group
 //   differently from the CPU's loops and exp/log/sqrt/pow come from libdevice, so f32 agrees
 //   to 1e-6 (a few ulp of the rounded result), f64 to 1e-12, the 16-bit floats to
@@ -22,14 +22,10 @@
 using namespace kiln;
 using kiln::testing::gpu;
 using kiln::testing::host;
+using kiln::testing::on_host_fallback;
 using kiln::testing::values_in;
 
 namespace {
-
-bool on_host_fallback(const std::string& op) {
-  const std::vector<std::string> used = cuda::host_fallback_ops();
-  return std::find(used.begin(), used.end(), op) != used.end();
-}
 
 // See the file comment.
 double rounding_tol(DType dt) { return dt == DType::f64 ? 1e-12 : dt == DType::f32 ? 1e-6 : testing::tol(dt); }

@@ -1,6 +1,6 @@
 // The ops that left the CUDA host fallback for kernels of their own in kernels/cuda/random.cpp,
 // layer_norm.cpp, join.cpp and indexing.cpp: on a GPU each equals the CPU, forward and
-// backward. (That every kernel compiles to sm_90 without a GPU is test_native_ops.cpp's
+// backward. (That every kernel compiles to sm_90 without a GPU is test_hand_kernels_loss_reduce_indexing.cpp's
 // [nvrtc] test.) Tolerances:
 // - dropout, uniform, randint: exact (the same Philox words and float arithmetic);
 // - normal: CUDA's logf/cosf (log/cos) may differ from the C library's in the last bits, so
@@ -18,14 +18,10 @@
 using namespace kiln;
 using kiln::testing::gpu;
 using kiln::testing::host;
+using kiln::testing::on_host_fallback;
 using kiln::testing::values_in;
 
 namespace {
-
-bool on_host_fallback(const std::string& op) {
-  const std::vector<std::string> used = cuda::host_fallback_ops();
-  return std::find(used.begin(), used.end(), op) != used.end();
-}
 
 // Relative tolerance of a normal sample computed in `dt` (see the file comment).
 double normal_tol(DType dt) { return dt == DType::f64 ? 1e-14 : dt == DType::f32 ? 1e-6 : testing::tol(dt); }
