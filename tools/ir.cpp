@@ -75,7 +75,7 @@ struct Stages {
   std::vector<std::pair<std::string, std::string>> texts;  // (stage, text)
   compiler::Graph simplified;
   std::vector<compiler::PassRecord> passes;
-  std::vector<compiler::FusionGroup> groups;
+  std::vector<compiler::ScheduleStep> groups;
 
   const std::string& text(const std::string& stage) const {
     for (const auto& [name, text] : texts)
@@ -141,7 +141,7 @@ Stages build_stages(const ModelOptions& o) {
   std::string fused, kernels, source, cuda_source;
   std::vector<compiler::codegen::Kernel> generated;
   int64_t num_kernels = 0, num_eager = 0;
-  for (const compiler::FusionGroup& group : s.groups) {
+  for (const compiler::ScheduleStep& group : s.groups) {
     std::string members;
     for (int32_t n : group.nodes)
       members += fmt::format(" %{}={}", s.simplified.value_number({n, 0}), s.simplified.nodes()[static_cast<size_t>(n)].op);
@@ -153,7 +153,7 @@ Stages build_stages(const ModelOptions& o) {
       cuda_source += compiler::codegen::render_cuda(group.kernel) + "\n";
       generated.push_back(group.kernel);
     } else {
-      num_eager += group.kind == compiler::FusionGroup::eager;
+      num_eager += group.kind == compiler::ScheduleStep::eager;
       fused += fmt::format("{:<10}{}\n", compiler::kind_name(group.kind), members);
     }
   }
@@ -200,10 +200,10 @@ std::string diff(const std::string& a_text, const std::string& b_text) {
 
 // Graphviz: one box per op node, inputs as ellipses, edges along data flow; the nodes of
 // each generated kernel drawn inside a cluster named after it.
-std::string dot_of(const compiler::Graph& g, const std::vector<compiler::FusionGroup>& groups) {
+std::string dot_of(const compiler::Graph& g, const std::vector<compiler::ScheduleStep>& groups) {
   std::string out = "digraph kiln {\n  rankdir=TB;\n  node [fontname=\"monospace\", fontsize=10];\n";
   int64_t cluster = 0;
-  for (const compiler::FusionGroup& group : groups) {
+  for (const compiler::ScheduleStep& group : groups) {
     if (!group.is_kernel()) continue;
     out += fmt::format("  subgraph cluster_{} {{\n    label=\"{}\"; style=filled; color=\"#dbe9f6\";\n", cluster++,
                        group.kernel.name);
