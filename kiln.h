@@ -1,5 +1,6 @@
 #pragma once
 // kiln: include this one header and link kiln::kiln.
+#include "core/autocast.h"
 #include "core/cuda.h"
 #include "core/device.h"
 #include "core/dtype.h"

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstdlib>
 #include <fstream>
@@ -18,6 +19,7 @@
 #include "compiler/passes/passes.h"
 #include "compiler/program.h"
 #include "core/error.h"
+#include "core/autocast.h"
 #include "core/grad_mode.h"
 
 namespace kiln::compiler {
@@ -90,11 +92,14 @@ std::string describe_change(const std::string& name, const TensorGuard& was, con
 // The guards that do not depend on what the trace captured.
 struct Signature {
   bool grad_mode = true;
+  // Autocast's dtype per device type (core/autocast.h): it decides which casts the graph has.
+  std::array<std::optional<DType>, kNumDeviceTypes> autocast;
   std::vector<TensorGuard> args;
 
   static Signature of(const std::vector<Tensor>& args) {
     Signature s;
     s.grad_mode = GradMode::is_enabled();
+    for (int d = 0; d < kNumDeviceTypes; ++d) s.autocast[static_cast<size_t>(d)] = autocast_dtype(static_cast<DeviceType>(d));
     s.args.reserve(args.size());
     for (const Tensor& a : args) s.args.push_back(TensorGuard::of(a));
     return s;
@@ -178,6 +183,17 @@ std::string signature_change(const Signature& was, const Signature& now) {
   if (was.grad_mode != now.grad_mode)
     return fmt::format("grad mode changed from {} to {}", was.grad_mode ? "enabled" : "disabled",
                        now.grad_mode ? "enabled" : "disabled");
+  if (was.autocast != now.autocast) {
+    auto text = [](const std::array<std::optional<DType>, kNumDeviceTypes>& a) {
+      std::string s;
+      for (int d = 0; d < kNumDeviceTypes; ++d)
+        if (a[static_cast<size_t>(d)])
+          s += fmt::format("{}{} on {}", s.empty() ? "" : ", ", *a[static_cast<size_t>(d)],
+                           static_cast<DeviceType>(d) == DeviceType::cpu ? "cpu" : "cuda");
+      return s.empty() ? std::string("off") : s;
+    };
+    return fmt::format("autocast changed from {} to {}", text(was.autocast), text(now.autocast));
+  }
   if (was.args.size() != now.args.size())
     return fmt::format("the number of arguments changed from {} to {}", was.args.size(),
                        now.args.size());
@@ -190,7 +206,7 @@ std::string signature_change(const Signature& was, const Signature& now) {
 // How many guarded properties differ (a different argument count: more than any other).
 size_t differences(const Signature& was, const Signature& now) {
   if (was.args.size() != now.args.size()) return 7 * (1 + std::max(was.args.size(), now.args.size()));
-  size_t n = was.grad_mode != now.grad_mode;
+  size_t n = (was.grad_mode != now.grad_mode) + (was.autocast != now.autocast);
   for (size_t i = 0; i < was.args.size(); ++i) {
     const TensorGuard &a = was.args[i], &b = now.args[i];
     n += (a.defined != b.defined) + (a.dtype != b.dtype) + (a.shape != b.shape) +

@@ -7,6 +7,7 @@
 
 #include <fmt/ranges.h>
 
+#include "core/autocast.h"
 #include "core/cuda.h"
 #include "core/grad_mode.h"
 
@@ -311,6 +312,8 @@ static decltype(auto) naming_errors(const OpDef& op, F&& f) {
 }
 
 std::vector<Tensor> call_op(const OpDef& op, std::vector<Tensor> inputs, const Attrs& attrs) {
+  // Autocast casts the inputs of top-level calls (core/autocast.h), as calls of `cast`.
+  if (op.cast_policy != CastPolicy::none && t_depth == 0) inputs = autocast_inputs(op, std::move(inputs));
   return naming_errors(op, [&] { return run_op(op, std::move(inputs), attrs); });
 }
 
