@@ -4,6 +4,7 @@
 #include <unordered_map>
 
 #include "core/error.h"
+#include "core/grad_mode.h"
 #include "core/registry.h"
 
 namespace kiln {
@@ -19,7 +20,7 @@ struct CastParam {
   uint64_t version = 0;
   Tensor cast;
 };
-thread_local std::unordered_map<const TensorImpl*, std::array<std::optional<CastParam>, 8>> t_params;
+thread_local std::unordered_map<const TensorImpl*, std::array<std::optional<CastParam>, kNumDTypes>> t_params;
 
 const OpDef& cast_op() {
   static const OpDef& op = find_op("cast");
@@ -33,7 +34,10 @@ bool eligible(const Tensor& t, DeviceType device) {
 
 Tensor cast_to(const Tensor& t, DType dtype) {
   if (t.dtype() == dtype) return t;
-  if (!(t.requires_grad() && t.is_leaf())) return call_op1(cast_op(), {t}, {{"dtype", dtype}});
+  // Only casts autograd records are kept: one made under no_grad has no graph back to the
+  // parameter, and a later use with grad must not reuse it.
+  if (!(t.requires_grad() && t.is_leaf() && GradMode::is_enabled()))
+    return call_op1(cast_op(), {t}, {{"dtype", dtype}});
   std::optional<CastParam>& slot = t_params[t.impl()][static_cast<size_t>(dtype)];
   const uint64_t version = t.storage()->version;
   if (!slot || slot->version != version) slot = CastParam{t, version, call_op1(cast_op(), {t}, {{"dtype", dtype}})};

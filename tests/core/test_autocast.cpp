@@ -111,6 +111,23 @@ TEST_CASE("autocast casts a parameter once per scope and again after it changes"
   CHECK(max(abs(y.to(DType::f32))).item<double>() == 0.0);
 }
 
+TEST_CASE("a parameter cast under no_grad is not reused where gradients are needed") {
+  Tensor w = input({4, 4}, 8, true);
+  const Tensor x = input({2, 4}, 9);
+  Tensor y;
+  {
+    autocast amp;
+    {
+      NoGradGuard no_grad;
+      CHECK_FALSE(mm(x, w).requires_grad());
+    }
+    y = mm(x, w);
+  }
+  REQUIRE(y.requires_grad());
+  sum(y).backward();
+  CHECK(w.grad().defined());
+}
+
 TEST_CASE("under autocast, gradients reach f32 parameters, within bf16's rounding") {
   Tensor w = input({16, 4}, 6, true);
   const Tensor x = input({8, 16}, 7);
