@@ -6,7 +6,9 @@
 // unpadded convolution reads its input as the column matrix directly. Depthwise
 // convolutions (one input channel per group) are direct loops: their GEMMs would be too
 // thin to pay. Ungrouped convolutions whose activation is channels_last run NHWC
-// algorithms instead (kernels/cpu/conv_nhwc.h); their outputs are written NHWC.
+// algorithms instead (kernels/cpu/conv_nhwc.h); their outputs are written NHWC. bf16
+// operands stay bf16 through im2col into the bf16 GEMM, which sums in f32; the results are
+// f32, rounded once.
 #include "core/ops/conv.h"
 
 #include <omp.h>
@@ -193,12 +195,15 @@ void depthwise_forward(const T* x, const T* w, const T* bias, T* out, const Conv
                });
 }
 
-template <class T>
-void conv_forward(const T* x, const T* w, const T* bias, T* out, const Conv2dGeometry& g) {
-  if (is_depthwise(g)) return depthwise_forward(x, w, bias, out, g);
+// S: the type of x and w (T, or bf16 whose products the GEMM sums in T = float); T: of the
+// bias and the output. Depthwise convolutions come with S == T.
+template <class S, class T>
+void conv_forward(const S* x, const S* w, const T* bias, T* out, const Conv2dGeometry& g) {
+  if constexpr (std::is_same_v<S, T>)
+    if (is_depthwise(g)) return depthwise_forward(x, w, bias, out, g);
   const ConvDims d(g);
   const bool pointwise = is_pointwise(g);
-  const RowTiles tiles(g, d.col_rows, sizeof(T));
+  const RowTiles tiles(g, d.col_rows, sizeof(S));
   const int64_t scratch_size = pointwise ? 0 : d.col_rows * g.groups * tiles.rows * g.out_w;
   const int64_t tile_work = g.out_channels * d.col_rows * tiles.rows * g.out_w;
   // Tiles write disjoint output columns, so every (image, tile) is independent work with
@@ -206,15 +211,15 @@ void conv_forward(const T* x, const T* w, const T* bias, T* out, const Conv2dGeo
   parallel_for(g.batch * tiles.count,
                std::max<int64_t>(1, (int64_t{1} << 18) / std::max<int64_t>(1, tile_work)),
                [&](int64_t begin, int64_t end) {
-                 std::vector<T> scratch(static_cast<size_t>(scratch_size));
+                 std::vector<S> scratch(static_cast<size_t>(scratch_size));
                  for (int64_t item = begin; item < end; ++item) {
                    const int64_t n = item / tiles.count, t = item % tiles.count;
                    const int64_t oh = tiles.begin(t), oh_end = tiles.end(t, g);
                    const int64_t width = (oh_end - oh) * g.out_w;
-                   const T* xn = x + n * g.in_channels * d.in_plane;
+                   const S* xn = x + n * g.in_channels * d.in_plane;
                    T* on = out + n * g.out_channels * d.out_plane + oh * g.out_w;
                    // A pointwise conv's columns are the input's rows themselves.
-                   const T* col = pointwise ? xn + oh * g.out_w : scratch.data();
+                   const S* col = pointwise ? xn + oh * g.out_w : scratch.data();
                    const int64_t ld_col = pointwise ? d.in_plane : width;
                    if (!pointwise) im2col(xn, g.in_channels, g, oh, oh_end, scratch.data());
                    if (bias)
@@ -261,9 +266,11 @@ void depthwise_backward_input(const T* grad, const T* w, T* gin, const Conv2dGeo
   });
 }
 
-template <class T>
-void conv_backward_input(const T* grad, const T* w, T* gin, const Conv2dGeometry& g) {
-  if (is_depthwise(g)) return depthwise_backward_input(grad, w, gin, g);
+// grad and w of type S, gin (and the GEMM's column matrix) of type T, as conv_forward.
+template <class S, class T>
+void conv_backward_input(const S* grad, const S* w, T* gin, const Conv2dGeometry& g) {
+  if constexpr (std::is_same_v<S, T>)
+    if (is_depthwise(g)) return depthwise_backward_input(grad, w, gin, g);
   const ConvDims d(g);
   const bool pointwise = is_pointwise(g);
   const RowTiles tiles(g, d.col_rows, sizeof(T));
@@ -275,7 +282,7 @@ void conv_backward_input(const T* grad, const T* w, T* gin, const Conv2dGeometry
     for (int64_t t = 0; t < tiles.count; ++t) {
       const int64_t oh = tiles.begin(t), oh_end = tiles.end(t, g);
       const int64_t width = (oh_end - oh) * g.out_w;
-      const T* gn = grad + n * g.out_channels * d.out_plane + oh * g.out_w;
+      const S* gn = grad + n * g.out_channels * d.out_plane + oh * g.out_w;
       T* col = pointwise ? xn + oh * g.out_w : scratch;
       const int64_t ld_col = pointwise ? d.in_plane : width;
       for (int64_t grp = 0; grp < g.groups; ++grp)
@@ -321,23 +328,25 @@ void depthwise_backward_weight(const T* grad, const T* x, T* gw, const Conv2dGeo
                });
 }
 
-template <class T>
-void conv_backward_weight(const T* grad, const T* x, T* gw, const Conv2dGeometry& g) {
-  if (is_depthwise(g)) return depthwise_backward_weight(grad, x, gw, g);
+// grad and x of type S, gw of type T, as conv_forward.
+template <class S, class T>
+void conv_backward_weight(const S* grad, const S* x, T* gw, const Conv2dGeometry& g) {
+  if constexpr (std::is_same_v<S, T>)
+    if (is_depthwise(g)) return depthwise_backward_weight(grad, x, gw, g);
   const ConvDims d(g);
   const bool pointwise = is_pointwise(g);
   const int64_t weight_size = g.out_channels * d.col_rows;
-  const RowTiles tiles(g, d.col_rows, sizeof(T));
+  const RowTiles tiles(g, d.col_rows, sizeof(S));
   // acc += grad_n [Og, tile] @ col_n^T [tile, Kg] per group, over the tiles of image n.
-  auto accumulate = [&](int64_t n, T* scratch, T* acc) {
-    const T* xn = x + n * g.in_channels * d.in_plane;
+  auto accumulate = [&](int64_t n, S* scratch, T* acc) {
+    const S* xn = x + n * g.in_channels * d.in_plane;
     for (int64_t t = 0; t < tiles.count; ++t) {
       const int64_t oh = tiles.begin(t), oh_end = tiles.end(t, g);
       const int64_t width = (oh_end - oh) * g.out_w;
-      const T* col = pointwise ? xn + oh * g.out_w : scratch;
+      const S* col = pointwise ? xn + oh * g.out_w : scratch;
       const int64_t ld_col = pointwise ? d.in_plane : width;
       if (!pointwise) im2col(xn, g.in_channels, g, oh, oh_end, scratch);
-      const T* gn = grad + n * g.out_channels * d.out_plane + oh * g.out_w;
+      const S* gn = grad + n * g.out_channels * d.out_plane + oh * g.out_w;
       for (int64_t grp = 0; grp < g.groups; ++grp)
         gemm(false, true, d.out_per_group, d.col_rows, width, T(1),
              gn + grp * d.out_per_group * d.out_plane, d.out_plane, col + grp * d.col_rows * ld_col,
@@ -352,7 +361,7 @@ void conv_backward_weight(const T* grad, const T* x, T* gw, const Conv2dGeometry
     const int64_t parts = std::min<int64_t>(g.batch, omp_get_max_threads());
     std::vector<std::vector<T>> sums(static_cast<size_t>(parts));
     parallel_for(parts, 1, [&](int64_t begin, int64_t end) {
-      std::vector<T> scratch(static_cast<size_t>(scratch_size));
+      std::vector<S> scratch(static_cast<size_t>(scratch_size));
       for (int64_t part = begin; part < end; ++part) {
         std::vector<T>& acc = sums[part];
         acc.assign(static_cast<size_t>(weight_size), T(0));
@@ -363,7 +372,7 @@ void conv_backward_weight(const T* grad, const T* x, T* gw, const Conv2dGeometry
     for (const std::vector<T>& acc : sums)
       for (int64_t i = 0; i < weight_size; ++i) gw[i] += acc[i];
   } else {
-    std::vector<T> scratch(static_cast<size_t>(scratch_size));
+    std::vector<S> scratch(static_cast<size_t>(scratch_size));
     for (int64_t n = 0; n < g.batch; ++n) accumulate(n, scratch.data(), gw);
   }
 }
@@ -373,53 +382,80 @@ void conv_backward_weight(const T* grad, const T* x, T* gw, const Conv2dGeometry
 // f64 stays f64; the other floating types compute in f32.
 DType conv_dtype(DType t) { return t == DType::f64 ? DType::f64 : DType::f32; }
 
+// The dtype the operands go to the GEMMs in: bf16 stays bf16 (the bf16 GEMM sums in f32,
+// and its columns take half the memory traffic), except in depthwise convolutions, whose
+// loops compute in f32; f16 is converted to f32 once, as the f32 GEMM's fallback would be
+// per tile (kernels/cpu/gemm.h).
+DType operand_dtype(DType t, const Conv2dGeometry& g) {
+  return t == DType::bf16 && !is_depthwise(g) ? DType::bf16 : conv_dtype(t);
+}
+
 // A contiguous copy of t in dtype c (t itself when it already is one).
 Tensor dense(const Tensor& t, DType c) { return as_dtype(t, c).contiguous(); }
 
-template <class F>
-void visit_conv_type(DType c, F&& f) {
-  if (c == DType::f64)
-    f.template operator()<double>();
-  else
-    f.template operator()<float>();
+// Whether a call runs the NHWC algorithms: channels_last activations do (use_nhwc), and so
+// do bf16 NCHW ones on planes of fewer than kBf16NhwcPlane pixels. Their NCHW GEMMs have
+// as many columns as a plane has pixels (4 on ResNet-50's last stage at 64x64 inputs),
+// which the bf16 GEMM's 32-column tiles mostly pad, and they pack the weight again for
+// every image; the NHWC GEMMs span the batch, for a transpose of the activations to and
+// from NHWC.
+constexpr int64_t kBf16NhwcPlane = 256;
+bool run_nhwc(const Tensor& activation, const Conv2dGeometry& g, DType s) {
+  if (activation.suggest_memory_format() == MemoryFormat::channels_last || s != DType::bf16 ||
+      g.out_h * g.out_w >= kBf16NhwcPlane)
+    return use_nhwc(activation, g);
+  return g.groups == 1 && g.batch > 0 && g.in_channels > 0 && g.out_channels > 0 && g.out_h > 0 &&
+         g.out_w > 0;
 }
 
-// The NHWC forward and backward_input: body<T>(activation, weight [Co, K] in `order`, out,
-// order) with the activation channels_last in the compute type, the weight as the matrix of
-// the chosen column order (a weight laid out channels_last already is taps-outer), and the
-// output channels_last.
+// Calls f.template operator()<S, T>() with S the operands' type (dtype s) and T the
+// outputs' (dtype c, conv_dtype of s).
+template <class F>
+void visit_conv_types(DType s, DType c, F&& f) {
+  if (c == DType::f64)
+    f.template operator()<double, double>();
+  else if (s == DType::bf16)
+    f.template operator()<BFloat16, float>();
+  else
+    f.template operator()<float, float>();
+}
+
+// The NHWC forward and backward_input: body<S, T>(activation, weight [Co, K] in `order`,
+// out, order) with the activation channels_last in the operand dtype s, the weight as the
+// matrix of the chosen column order (a weight laid out channels_last already is
+// taps-outer), and the output channels_last in the compute dtype c.
 template <class Body>
 void nhwc_call(const Tensor& activation, const Tensor& weight, const Tensor& out,
-               const Conv2dGeometry& g, DType c, Body&& body) {
+               const Conv2dGeometry& g, DType s, DType c, Body&& body) {
   const bool w_nhwc = weight.is_contiguous(MemoryFormat::channels_last);
   const ColumnOrder order = column_order(g, w_nhwc);
-  const Tensor a = dense_nhwc(activation, c);
-  const Tensor w = w_nhwc ? dense_nhwc(weight, c) : dense(weight, c);
+  const Tensor a = dense_nhwc(activation, s);
+  const Tensor w = w_nhwc ? dense_nhwc(weight, s) : dense(weight, s);
   into_layout(out, c, MemoryFormat::channels_last, [&](const Tensor& o) {
-    visit_conv_type(c, [&]<class T>() {
-      const WeightMatrix<T> wm(w, w_nhwc, g, order);
-      body.template operator()<T>(a.data_ptr<T>(), wm.data, o.data_ptr<T>(), order);
+    visit_conv_types(s, c, [&]<class S, class T>() {
+      const WeightMatrix<S> wm(w, w_nhwc, g, order);
+      body.template operator()<S, T>(a.data_ptr<S>(), wm.data, o.data_ptr<T>(), order);
     });
   });
 }
 
 void conv2d_kernel(Span in, Span out, const Attrs& attrs) {
   const Conv2dGeometry g = conv2d_geometry(in[0].shape(), in[1].shape(), attrs, "conv2d");
-  const DType c = conv_dtype(in[0].dtype());
+  const DType c = conv_dtype(in[0].dtype()), s = operand_dtype(in[0].dtype(), g);
   const bool has_bias = in.size() == 3 && in[2].defined();
   const Tensor bias = has_bias ? dense(in[2], c) : Tensor();
-  if (use_nhwc(in[0], g)) {
-    nhwc_call(in[0], in[1], out[0], g, c,
-              [&]<class T>(const T* x, const T* w, T* o, ColumnOrder order) {
-                nhwc_forward<T>(x, w, has_bias ? bias.data_ptr<T>() : nullptr, o, g, order);
+  if (run_nhwc(in[0], g, s)) {
+    nhwc_call(in[0], in[1], out[0], g, s, c,
+              [&]<class S, class T>(const S* x, const S* w, T* o, ColumnOrder order) {
+                nhwc_forward<S, T>(x, w, has_bias ? bias.data_ptr<T>() : nullptr, o, g, order);
               });
     return;
   }
-  const Tensor x = dense(in[0], c), w = dense(in[1], c);
+  const Tensor x = dense(in[0], s), w = dense(in[1], s);
   into_contiguous(out[0], c, [&](const Tensor& o) {
-    visit_conv_type(c, [&]<class T>() {
-      conv_forward<T>(x.data_ptr<T>(), w.data_ptr<T>(), has_bias ? bias.data_ptr<T>() : nullptr,
-                      o.data_ptr<T>(), g);
+    visit_conv_types(s, c, [&]<class S, class T>() {
+      conv_forward<S, T>(x.data_ptr<S>(), w.data_ptr<S>(),
+                         has_bias ? bias.data_ptr<T>() : nullptr, o.data_ptr<T>(), g);
     });
   });
 }
@@ -427,18 +463,18 @@ void conv2d_kernel(Span in, Span out, const Attrs& attrs) {
 void conv2d_backward_input_kernel(Span in, Span out, const Attrs& attrs) {
   const Conv2dGeometry g =
       conv2d_geometry(attrs.ints("input_size"), in[1].shape(), attrs, "conv2d_backward_input");
-  const DType c = conv_dtype(in[0].dtype());
-  if (use_nhwc(in[0], g)) {
-    nhwc_call(in[0], in[1], out[0], g, c,
-              [&]<class T>(const T* grad, const T* w, T* o, ColumnOrder order) {
-                nhwc_backward_input<T>(grad, w, o, g, order);
+  const DType c = conv_dtype(in[0].dtype()), s = operand_dtype(in[0].dtype(), g);
+  if (run_nhwc(in[0], g, s)) {
+    nhwc_call(in[0], in[1], out[0], g, s, c,
+              [&]<class S, class T>(const S* grad, const S* w, T* o, ColumnOrder order) {
+                nhwc_backward_input<S, T>(grad, w, o, g, order);
               });
     return;
   }
-  const Tensor grad = dense(in[0], c), w = dense(in[1], c);
+  const Tensor grad = dense(in[0], s), w = dense(in[1], s);
   into_contiguous(out[0], c, [&](const Tensor& o) {
-    visit_conv_type(c, [&]<class T>() {
-      conv_backward_input<T>(grad.data_ptr<T>(), w.data_ptr<T>(), o.data_ptr<T>(), g);
+    visit_conv_types(s, c, [&]<class S, class T>() {
+      conv_backward_input<S, T>(grad.data_ptr<S>(), w.data_ptr<S>(), o.data_ptr<T>(), g);
     });
   });
 }
@@ -447,7 +483,7 @@ void conv2d_backward_input_kernel(Span in, Span out, const Attrs& attrs) {
 void conv2d_backward_weight_kernel(Span in, Span out, const Attrs& attrs) {
   const Conv2dGeometry g =
       conv2d_geometry(in[1].shape(), attrs.ints("weight_size"), attrs, "conv2d_backward_weight");
-  const DType c = conv_dtype(in[0].dtype());
+  const DType c = conv_dtype(in[0].dtype()), s = operand_dtype(in[0].dtype(), g);
   const Tensor added = in.size() == 3 ? in[2] : Tensor();
   // Where the sum cannot start from the added gradient, it is computed apart and added after
   // (apart from `out` too when `out` is the added gradient, written in place).
@@ -458,14 +494,14 @@ void conv2d_backward_weight_kernel(Span in, Span out, const Attrs& attrs) {
     if (!same_view(o, added)) Tensor(o).copy_(added);
     Tensor(o).add_(sum);
   };
-  if (use_nhwc(in[1], g)) {
+  if (run_nhwc(in[1], g, s)) {
     // The sum comes out [Co, kh, kw, Ci] taps-outer (the weight's channels_last layout: a
     // target laid out so takes it directly) and [Co, Ci, kh, kw] channels-outer.
     const MemoryFormat out_format = out[0].suggest_memory_format();
     const ColumnOrder order = column_order(g, out_format == MemoryFormat::channels_last);
-    const Tensor grad = dense_nhwc(in[0], c), x = dense_nhwc(in[1], c);
+    const Tensor grad = dense_nhwc(in[0], s), x = dense_nhwc(in[1], s);
     into_layout(out[0], c, out_format, [&](const Tensor& o) {
-      visit_conv_type(c, [&]<class T>() {
+      visit_conv_types(s, c, [&]<class S, class T>() {
         const bool reorder =
             order == ColumnOrder::taps_outer && !o.is_contiguous(MemoryFormat::channels_last);
         // o starts as the added gradient; then the GEMMs add into it (1x1 convolutions, and
@@ -474,22 +510,23 @@ void conv2d_backward_weight_kernel(Span in, Span out, const Attrs& attrs) {
         if (added.defined() && !same_view(o, added)) Tensor(o).copy_(added);
         if (reorder) {
           std::vector<T> sum(static_cast<size_t>(o.numel()));
-          nhwc_backward_weight<T>(grad.data_ptr<T>(), x.data_ptr<T>(), sum.data(), g, order, false);
+          nhwc_backward_weight<S, T>(grad.data_ptr<S>(), x.data_ptr<S>(), sum.data(), g, order,
+                                     false);
           swap_inner_axes(sum.data(), o.data_ptr<T>(), g.out_channels, g.kernel_h * g.kernel_w, g.in_channels,
                           added.defined());
           return;
         }
-        nhwc_backward_weight<T>(grad.data_ptr<T>(), x.data_ptr<T>(), o.data_ptr<T>(), g, order,
-                                added.defined());
+        nhwc_backward_weight<S, T>(grad.data_ptr<S>(), x.data_ptr<S>(), o.data_ptr<T>(), g, order,
+                                   added.defined());
       });
     });
     return;
   }
-  const Tensor grad = dense(in[0], c), x = dense(in[1], c);
+  const Tensor grad = dense(in[0], s), x = dense(in[1], s);
   into_contiguous(out[0], c, [&](const Tensor& o) {
     add_after(o, [&](const Tensor& dst) {
-      visit_conv_type(c, [&]<class T>() {
-        conv_backward_weight<T>(grad.data_ptr<T>(), x.data_ptr<T>(), dst.data_ptr<T>(), g);
+      visit_conv_types(s, c, [&]<class S, class T>() {
+        conv_backward_weight<S, T>(grad.data_ptr<S>(), x.data_ptr<S>(), dst.data_ptr<T>(), g);
       });
     });
   });

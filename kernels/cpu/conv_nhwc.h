@@ -195,29 +195,31 @@ void col2im_nhwc(const T* col, const Conv2dGeometry& g, ColumnOrder order, int64
   }
 }
 
-// out [M, Co] = conv(x [N, H, W, Ci], w [Co, K] in `order`) + bias.
-template <class T>
-void nhwc_forward(const T* x, const T* w, const T* bias, T* out, const Conv2dGeometry& g,
+// out [M, Co] = conv(x [N, H, W, Ci], w [Co, K] in `order`) + bias. x, w and the columns
+// are of type S (T, or bf16 that the GEMM sums in T = float); bias and out of type T.
+template <class S, class T>
+void nhwc_forward(const S* x, const S* w, const T* bias, T* out, const Conv2dGeometry& g,
                   ColumnOrder order) {
   const int64_t co = g.out_channels, k = g.kernel_h * g.kernel_w * g.in_channels;
   const bool pointwise = is_pointwise(g);
-  const PixelPlan plan(g, pointwise ? 0 : k, sizeof(T), false);
+  const PixelPlan plan(g, pointwise ? 0 : k, sizeof(S), false);
   plan.for_each_part([&](int64_t, int64_t begin, int64_t end) {
-    std::vector<T> col(pointwise ? 0 : static_cast<size_t>(std::min(plan.tile_rows, end - begin) * k));
+    std::vector<S> col(pointwise ? 0 : static_cast<size_t>(std::min(plan.tile_rows, end - begin) * k));
     plan.for_each_tile(begin, end, [&](int64_t m0, int64_t m1) {
       T* dst = out + m0 * co;
       if (bias)
         for (int64_t m = m0; m < m1; ++m) std::copy(bias, bias + co, dst + (m - m0) * co);
       if (!pointwise) im2col_nhwc(x, g, order, m0, m1, col.data());
-      const T* a = pointwise ? x + m0 * k : col.data();
+      const S* a = pointwise ? x + m0 * k : col.data();
       gemm(false, true, m1 - m0, co, k, T(1), a, k, w, k, bias ? T(1) : T(0), dst, co);
     });
   });
 }
 
-// gin [N, H, W, Ci] = the adjoint of the convolution applied to grad [M, Co].
-template <class T>
-void nhwc_backward_input(const T* grad, const T* w, T* gin, const Conv2dGeometry& g,
+// gin [N, H, W, Ci] = the adjoint of the convolution applied to grad [M, Co]; grad and w of
+// type S, gin and the GEMM's columns of type T.
+template <class S, class T>
+void nhwc_backward_input(const S* grad, const S* w, T* gin, const Conv2dGeometry& g,
                          ColumnOrder order) {
   const int64_t co = g.out_channels, ci = g.in_channels, k = g.kernel_h * g.kernel_w * ci;
   const int64_t in_image = g.in_h * g.in_w * ci, plane = g.out_h * g.out_w;
@@ -238,13 +240,13 @@ void nhwc_backward_input(const T* grad, const T* w, T* gin, const Conv2dGeometry
 }
 
 // gw [Co, K] in `order` = grad [M, Co]^T x col [M, K], summed over the pixels (added to
-// what gw holds when `accumulate`).
-template <class T>
-void nhwc_backward_weight(const T* grad, const T* x, T* gw, const Conv2dGeometry& g,
+// what gw holds when `accumulate`); grad, x and the columns of type S, gw of type T.
+template <class S, class T>
+void nhwc_backward_weight(const S* grad, const S* x, T* gw, const Conv2dGeometry& g,
                           ColumnOrder order, bool accumulate) {
   const int64_t co = g.out_channels, k = g.kernel_h * g.kernel_w * g.in_channels;
   const bool pointwise = is_pointwise(g);
-  const PixelPlan plan(g, pointwise ? 0 : k, sizeof(T), false);
+  const PixelPlan plan(g, pointwise ? 0 : k, sizeof(S), false);
   const int64_t weight_size = co * k;
   // Part 0 sums into gw, the others into their own buffers, added in part order so that the
   // result does not depend on the scheduling.
@@ -256,10 +258,10 @@ void nhwc_backward_weight(const T* grad, const T* x, T* gw, const Conv2dGeometry
       acc = sums[p - 1].data();
     }
     if (p > 0 || !accumulate) std::fill(acc, acc + weight_size, T(0));
-    std::vector<T> col(pointwise ? 0 : static_cast<size_t>(std::min(plan.tile_rows, end - begin) * k));
+    std::vector<S> col(pointwise ? 0 : static_cast<size_t>(std::min(plan.tile_rows, end - begin) * k));
     plan.for_each_tile(begin, end, [&](int64_t m0, int64_t m1) {
       if (!pointwise) im2col_nhwc(x, g, order, m0, m1, col.data());
-      const T* b = pointwise ? x + m0 * k : col.data();
+      const S* b = pointwise ? x + m0 * k : col.data();
       gemm(true, false, co, k, m1 - m0, T(1), grad + m0 * co, co, b, k, T(1), acc, k);
     });
   });
@@ -291,7 +293,8 @@ void swap_inner_axes(const T* src, T* dst, int64_t outer, int64_t a, int64_t b, 
       const T* s = src + o * size;
       T* d = dst + o * size;
       for (int64_t i = 0; i < a; ++i)
-        for (int64_t j = 0; j < b; ++j) d[j * a + i] = add ? d[j * a + i] + s[i * b + j] : s[i * b + j];
+        for (int64_t j = 0; j < b; ++j)
+          d[j * a + i] = add ? T(d[j * a + i] + s[i * b + j]) : s[i * b + j];
     }
   });
 }

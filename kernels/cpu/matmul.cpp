@@ -1,6 +1,7 @@
 // CPU kernels of matmul, mm, bmm and addmm. Every product becomes a stack of GEMMs over
 // strided views: an operand whose rows or columns are contiguous goes to GEMM as it is
-// (transposed when its columns are), and only other layouts are copied.
+// (transposed when its columns are), and only other layouts are copied. f16 and bf16
+// operands go to GEMM as they are and sum into f32 (kernels/cpu/gemm.h).
 #include <omp.h>
 
 #include <algorithm>
@@ -68,9 +69,10 @@ void loop_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T al
   }
 }
 
-template <class T>
-void product(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
-             int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+// Operands of type S (T, or a 16-bit float whose sums are T = float); C of type T.
+template <class S, class T>
+void product(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const S* a,
+             int64_t lda, const S* b, int64_t ldb, T beta, T* c, int64_t ldc) {
   if constexpr (std::is_floating_point_v<T>)
     gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   else
@@ -97,8 +99,8 @@ std::vector<int64_t> batch_offsets(const Tensor& t, int64_t batch) {
 
 // out[i] = alpha * a[i] @ b[i] + beta * out[i] for every matrix of the stacks a [..., m, k],
 // b [..., k, n] and out [..., m, n] (same batch dims; a and b may broadcast with stride 0;
-// out is contiguous; a and b are gemm_ready).
-template <class T>
+// out is contiguous of type T; a and b are gemm_ready, of type S).
+template <class S, class T>
 void stacked_product(const Tensor& a, const Tensor& b, const Tensor& out, T alpha, T beta) {
   const int64_t nd = out.dim();
   const int64_t m = out.size(nd - 2), n = out.size(nd - 1), k = a.size(nd - 1);
@@ -108,8 +110,8 @@ void stacked_product(const Tensor& a, const Tensor& b, const Tensor& out, T alph
   const MatrixLayout la = layout_of(a), lb = layout_of(b);
   KILN_CHECK(la.direct && lb.direct, "matmul: internal error: operand layout not GEMM-ready");
   const int64_t ldc = std::max<int64_t>(1, n);
-  const T* pa = static_cast<const T*>(a.data_ptr());
-  const T* pb = static_cast<const T*>(b.data_ptr());
+  const S* pa = static_cast<const S*>(a.data_ptr());
+  const S* pb = static_cast<const S*>(b.data_ptr());
   T* pc = static_cast<T*>(out.data_ptr());
   if (batch == 1) {
     product(la.trans, lb.trans, m, n, k, alpha, pa, la.ld, pb, lb.ld, beta, pc, ldc);
@@ -142,22 +144,26 @@ void stacked_product(const Tensor& a, const Tensor& b, const Tensor& out, T alph
   }
 }
 
-// Calls f.template operator()<T>() with the type products of dtype `t` are computed in.
+// Calls f.template operator()<S, T>() with S the operands' type for dtype `t` and T the
+// type their products are summed and stored in: f16 and bf16 operands go to the GEMM as
+// they are (no f32 copies) and sum into f32, which is rounded once.
 template <class F>
 void visit_product_type(DType t, const char* op, F&& f) {
   switch (t) {
     case DType::f32:
+      return f.template operator()<float, float>();
     case DType::f16:
+      return f.template operator()<Half, float>();
     case DType::bf16:
-      return f.template operator()<float>();
+      return f.template operator()<BFloat16, float>();
     case DType::f64:
-      return f.template operator()<double>();
+      return f.template operator()<double, double>();
     case DType::i64:
-      return f.template operator()<int64_t>();
+      return f.template operator()<int64_t, int64_t>();
     case DType::i32:
-      return f.template operator()<int32_t>();
+      return f.template operator()<int32_t, int32_t>();
     case DType::u8:
-      return f.template operator()<uint8_t>();
+      return f.template operator()<uint8_t, uint8_t>();
     default:
       fail("{}: dtype {} is not supported", op, t);
   }
@@ -167,8 +173,8 @@ DType product_dtype(DType t) { return is_reduced_float(t) ? DType::f32 : t; }
 
 // matmul, mm and bmm: the rule already checked the shapes, so one kernel serves all three.
 void matmul_kernel(Span in, Span out, const Attrs&) {
-  const DType c = product_dtype(in[0].dtype());
-  Tensor a = as_dtype(in[0], c), b = as_dtype(in[1], c);
+  const DType s = in[0].dtype(), c = product_dtype(s);
+  Tensor a = in[0], b = as_dtype(in[1], s);
   if (a.dim() == 1) a = a.unsqueeze(0);
   if (b.dim() == 1) b = b.unsqueeze(1);
   a = gemm_ready(a);
@@ -184,23 +190,24 @@ void matmul_kernel(Span in, Span out, const Attrs&) {
   a = a.expand(a_shape);
   b = b.expand(b_shape);
   into_contiguous(out[0], c, [&](const Tensor& o) {
-    visit_product_type(c, "matmul",
-                       [&]<class T>() { stacked_product<T>(a, b, o.view(out_shape), T(1), T(0)); });
+    visit_product_type(s, "matmul", [&]<class S, class T>() {
+      stacked_product<S, T>(a, b, o.view(out_shape), T(1), T(0));
+    });
   });
 }
 
 void addmm_kernel(Span in, Span out, const Attrs& attrs) {
-  const DType c = product_dtype(in[1].dtype());
-  const Tensor a = gemm_ready(as_dtype(in[1], c)), b = gemm_ready(as_dtype(in[2], c));
+  const DType s = in[1].dtype(), c = product_dtype(s);
+  const Tensor a = gemm_ready(in[1]), b = gemm_ready(as_dtype(in[2], s));
   const Scalar beta = attrs.has("beta") ? attrs.scalar("beta") : Scalar(1);
   const Scalar alpha = attrs.has("alpha") ? attrs.scalar("alpha") : Scalar(1);
   into_contiguous(out[0], c, [&](const Tensor& o) {
-    visit_product_type(c, "addmm", [&]<class T>() {
+    visit_product_type(s, "addmm", [&]<class S, class T>() {
       const T beta_v = beta.to<T>();
       // The bias, broadcast (beta == 0 never reads it); already there when the program
       // accumulates into it in place (the compiler's gemm_epilogues).
       if (beta_v != T(0) && !same_view(o, in[0])) Tensor(o).copy_(in[0]);
-      stacked_product<T>(a, b, o, alpha.to<T>(), beta_v);
+      stacked_product<S, T>(a, b, o, alpha.to<T>(), beta_v);
     });
   });
 }
