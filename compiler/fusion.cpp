@@ -28,7 +28,7 @@ class Fuser {
     for (size_t i = 0; i < g_.nodes().size(); ++i) {
       const auto n = static_cast<int32_t>(i);
       const Node& node = g_.nodes()[i];
-      if (node.kind != NodeKind::op) continue;
+      if (node.kind != NodeKind::op || converted_.contains(n)) continue;
       if (node.def->kind == OpKind::view) {
         if (!node.inputs.empty() && node.inputs[0].defined() && in_run_.contains(node.inputs[0].node)) flush();
         push({n}, ScheduleStep::view);
@@ -36,7 +36,7 @@ class Fuser {
       }
       if (!has_generated_target(node)) {
         flush();
-        push({n}, ScheduleStep::eager);
+        push_eager(n);
         continue;
       }
       if (codegen::lowers_reduction(*node.def)) {
@@ -60,7 +60,7 @@ class Fuser {
         run_shape_ = node.outputs[0].shape;
         continue;
       }
-      push({n}, ScheduleStep::eager);
+      push_eager(n);
     }
     flush();
     return std::move(schedule_);
@@ -91,17 +91,85 @@ class Fuser {
     return codegen::try_lower_reduction(g_, nodes, refusal);
   }
 
+  // An eager step for node n, with the cast of its result when the library call can write
+  // that itself (fusion.h, "eager").
+  void push_eager(int32_t n) {
+    if (const int32_t c = result_cast(n); c >= 0) {
+      converted_.insert(c);
+      push({n, c}, ScheduleStep::eager);
+      return;
+    }
+    push({n}, ScheduleStep::eager);
+  }
+
+  // The cast node that alone reads library node n's one result, or -1. Only ops autocast
+  // lowers (GEMMs and convolutions, whose kernels compute in f32 or f64 and convert as they
+  // store); and not when a pointwise op reads the cast, whose kernel converts for free.
+  int32_t result_cast(int32_t n) const {
+    const Node& node = g_.nodes()[static_cast<size_t>(n)];
+    if (node.def->cast_policy != CastPolicy::lower || node.outputs.size() != 1 || escapes_[static_cast<size_t>(n)])
+      return -1;
+    const std::vector<int32_t>& users = users_[static_cast<size_t>(n)];
+    if (users.size() != 1) return -1;
+    const Node& cast = g_.nodes()[static_cast<size_t>(users[0])];
+    if (cast.def->elementwise != Elementwise::convert || cast.inputs.size() != 1 ||
+        cast.outputs[0].dtype == node.outputs[0].dtype || cast.outputs[0].shape != node.outputs[0].shape)
+      return -1;
+    for (int32_t u : users_[static_cast<size_t>(users[0])])
+      if (codegen::lowers_pointwise(*g_.nodes()[static_cast<size_t>(u)].def)) return -1;
+    return users[0];
+  }
+
   void push(std::vector<int32_t> nodes, ScheduleStep::Kind kind, codegen::Kernel kernel = {}) {
     schedule_.push_back({std::move(nodes), kind, std::move(kernel)});
   }
 
-  // Ends the current run: its kernel becomes a step.
+  // Ends the current run: its kernel becomes a step (or part of the reduction's before it).
   void flush() {
     if (run_.empty()) return;
-    codegen::Kernel kernel = codegen::lower_pointwise(g_, run_);
-    push(std::move(run_), ScheduleStep::pointwise, std::move(kernel));
+    if (!join_reduction()) {
+      codegen::Kernel kernel = codegen::lower_pointwise(g_, run_);
+      push(std::move(run_), ScheduleStep::pointwise, std::move(kernel));
+    }
     run_.clear();
     in_run_.clear();
+  }
+
+  // A run of dtype conversions over the input space of the reduction step just before it
+  // (view steps between), reading only values that exist before that step, is stored by the
+  // reduction's kernel as it walks those elements (side outputs, codegen::lower_reduction):
+  // one pass over the memory instead of two. That is the f32 logits gradient cast to bf16 for
+  // the classifier's GEMMs, which the bias gradient's sum reads in f32. Only conversions: a
+  // reduction kernel runs in parallel over its kept indices alone, so larger work stays in
+  // pointwise kernels.
+  bool join_reduction() {
+    size_t s = schedule_.size();
+    while (s > 0 && schedule_[s - 1].kind == ScheduleStep::view) --s;
+    if (s == 0 || schedule_[s - 1].kind != ScheduleStep::reduction) return false;
+    ScheduleStep& step = schedule_[s - 1];
+    const int32_t first = step.nodes.front();
+    for (int32_t m : run_) {
+      const Node& node = g_.nodes()[static_cast<size_t>(m)];
+      // Conversions of dtype only: a layout copy (a clone) keeps its pointwise kernel.
+      if (node.def->elementwise != Elementwise::convert || g_.type(node.inputs.at(0)).dtype == node.outputs[0].dtype)
+        return false;
+      for (Value v : node.inputs) {
+        // The memory the kernel loads: the value behind any views.
+        const Node* from = v.defined() ? &g_.node(v) : nullptr;
+        while (from && from->kind == NodeKind::op && from->def->kind == OpKind::view) {
+          v = from->inputs.at(0);
+          from = &g_.node(v);
+        }
+        if (from && from->kind == NodeKind::op && !in_run_.contains(v.node) && v.node >= first) return false;
+      }
+    }
+    std::vector<int32_t> nodes = step.nodes;
+    nodes.insert(nodes.end(), run_.begin(), run_.end());
+    std::optional<codegen::Kernel> k = reduction_kernel(nodes);
+    if (!k) return false;
+    step.nodes = std::move(nodes);
+    step.kernel = std::move(*k);
+    return true;
   }
 
   // Reduction node r: fused with the run nodes only it reads (the run's other nodes stay a
@@ -149,6 +217,7 @@ class Fuser {
   const Graph& g_;
   std::vector<std::vector<int32_t>> users_;  // per node: the nodes reading its values
   std::vector<bool> escapes_;                // per node: a graph output or write-back
+  std::set<int32_t> converted_;              // casts an eager step before them took along
   std::vector<ScheduleStep> schedule_;
   std::vector<int32_t> run_;  // the current pointwise run
   std::set<int32_t> in_run_;
@@ -168,5 +237,34 @@ const char* kind_name(ScheduleStep::Kind kind) {
 }
 
 std::vector<ScheduleStep> fuse(const Graph& graph) { return Fuser(graph).run(); }
+
+CastSteps stand_alone_casts(const Graph& graph, const std::vector<ScheduleStep>& schedule) {
+  CastSteps casts;
+  for (size_t s = 0; s < schedule.size(); ++s) {
+    const ScheduleStep& step = schedule[s];
+    if (step.kind == ScheduleStep::view || step.nodes.empty()) continue;
+    bool converts_only = true, changes_dtype = false, reads_computed = false;
+    for (int32_t n : step.nodes) {
+      const Node& node = graph.nodes()[static_cast<size_t>(n)];
+      if (node.def->elementwise != Elementwise::convert) {
+        converts_only = false;
+        break;
+      }
+      Value source = node.inputs.at(0);
+      changes_dtype |= graph.type(source).dtype != node.outputs[0].dtype;
+      // Through views to the memory the cast reads: a graph input's, or a step's result.
+      const Node* from = &graph.node(source);
+      while (from->kind == NodeKind::op && from->def->kind == OpKind::view) {
+        source = from->inputs.at(0);
+        from = &graph.node(source);
+      }
+      const bool in_step = std::find(step.nodes.begin(), step.nodes.end(), source.node) != step.nodes.end();
+      reads_computed |= from->kind == NodeKind::op && !in_step;
+    }
+    if (!converts_only || !changes_dtype) continue;
+    (reads_computed ? casts.of_computed : casts.of_inputs).push_back(s);
+  }
+  return casts;
+}
 
 }  // namespace kiln::compiler

@@ -9,9 +9,17 @@
 // - pointwise: op nodes of one output shape that lower_pointwise accepts, as one kernel
 //   (several outputs when several of their values are used outside the run);
 // - reduction: a reduction that lower_reduction accepts, with the pointwise nodes of the
-//   run before it whose values only it reads (its private prologue), as one kernel;
+//   run before it whose values only it reads (its private prologue), as one kernel; a run
+//   of dtype conversions right after it (view steps between) over its input space, reading
+//   nothing computed at or after it, joins it as side outputs that its inner loops store;
 // - eager: one node run through the registry (call_op): matmul, convolution, pooling,
-//   norms, losses and their backward ops, factories, and any op or dtype codegen refuses;
+//   norms, losses and their backward ops, factories, and any op or dtype codegen refuses.
+//   A GEMM or convolution (an op autocast lowers, CastPolicy::lower) whose result only a
+//   cast reads, when no reader of the cast is a pointwise op that could take the cast into
+//   its own kernel, takes the cast as its second node: the library call writes its result
+//   in the cast's dtype (call_op_out; the CPU kernels accumulate in f32 and convert as they
+//   store, so a bf16 weight gradient cast to f32 is the f32 sum, without the bf16 rounding
+//   eager code makes in between). That is mixed precision's GEMM epilogue;
 // - view: one view node run through call_op (cheap: no copy). A kernel never needs these
 //   (it reads through the views of its inputs itself); they serve eager consumers, outputs
 //   and write-backs.
@@ -40,6 +48,10 @@ struct ScheduleStep {
   codegen::Kernel kernel;  // pointwise and reduction groups: the lowered kernel
 
   bool is_kernel() const { return kind == pointwise || kind == reduction; }
+  // An eager step whose library call writes its result converted (nodes: the op, the cast).
+  bool converts_result() const { return kind == eager && nodes.size() == 2; }
+  // The node whose values an eager or view step yields: the cast when it converts.
+  int32_t result_node() const { return nodes.back(); }
 };
 
 // "pointwise", "reduction", "eager", "view".
@@ -47,5 +59,18 @@ const char* kind_name(ScheduleStep::Kind kind);
 
 // The schedule described above.
 std::vector<ScheduleStep> fuse(const Graph& graph);
+
+// The steps of a schedule whose only work is a dtype conversion: every node a convert op
+// (OpDef::elementwise, cast and clone), at least one changing the dtype. Mixed precision
+// wants none but the casts of values that nothing in the graph computes (parameters and
+// inputs cast for a GEMM or convolution: a kernel per cast is the least they cost);
+// `of_computed` counts the others, which could have fused into their producer or consumer.
+// kiln-ir reports these counts; tests hold them.
+struct CastSteps {
+  std::vector<size_t> of_inputs;    // indices into the schedule: casts of graph inputs (through views)
+  std::vector<size_t> of_computed;  // casts of values some step computes
+  size_t total() const { return of_inputs.size() + of_computed.size(); }
+};
+CastSteps stand_alone_casts(const Graph& graph, const std::vector<ScheduleStep>& schedule);
 
 }  // namespace kiln::compiler

@@ -175,6 +175,7 @@ void Program::run_eager_step(size_t s, Run& run) const {
   for (Value v : node.inputs) args.push_back(run.value(v));
   const OpDef& def = node.def ? *node.def : find_op(node.op);
   const Attrs& attrs = call_attrs(node, run.base, run.random_attrs, "Program::run");
+  if (steps_[s].converts_result()) return run_converting_step(s, def, std::move(args), attrs, run);
   std::vector<Tensor>& out = run.values[static_cast<size_t>(n)];
   if (const OpDef* twin = plan_.in_place_op[s]) {
     // The in-place twin updates the inputs the pure op would return new copies of, when
@@ -200,6 +201,27 @@ void Program::run_eager_step(size_t s, Run& run) const {
   if (out.empty()) out = call_op(def, std::move(args), attrs);
   KILN_CHECK(out.size() == node.outputs.size(), "Program::run: {} made {} outputs, the graph says {}", node.op,
              out.size(), node.outputs.size());
+}
+
+// An eager step whose library call writes its result in the dtype of the cast it took
+// along (fusion.h): straight into the cast's tensor, or the graph input it is written back
+// to. The CPU kernels of the ops fusion gives a cast (GEMMs, convolutions) compute in f32
+// and convert as they store; the CUDA GEMM passes its output's dtype for its operands too,
+// so there the result is computed in its own dtype and converted after.
+void Program::run_converting_step(size_t s, const OpDef& def, std::vector<Tensor> args, const Attrs& attrs,
+                                  Run& run) const {
+  const int32_t c = steps_[s].result_node();
+  const TensorType& type = graph_.nodes()[static_cast<size_t>(c)].outputs.at(0);
+  Tensor into;
+  if (const int32_t target = plan_.in_place_eager[s]; target >= 0 && run.writable(run.inputs[static_cast<size_t>(target)]))
+    into = run.inputs[static_cast<size_t>(target)];
+  else
+    into = make_tensor(type.shape, type.dtype, type.device, type.memory_format());
+  if (into.device().is_cpu())
+    call_op_out(def, std::move(args), attrs, into);
+  else
+    into.copy_(call_op1(def, std::move(args), attrs));
+  run.values[static_cast<size_t>(c)] = {into};
 }
 
 // A kernel step: its inputs' tensors, its outputs' (kernel_output), then the launch.

@@ -96,6 +96,7 @@ class Program {
   void make_constants() const;
   Run start_run(const std::vector<Tensor>& inputs) const;
   void run_eager_step(size_t s, Run& run) const;
+  void run_converting_step(size_t s, const OpDef& def, std::vector<Tensor> args, const Attrs& attrs, Run& run) const;
   void run_kernel_step(size_t s, Run& run) const;
   Tensor kernel_output(size_t s, size_t j, const TensorType& type, const std::vector<Tensor>& kernel_inputs,
                        const Run& run) const;

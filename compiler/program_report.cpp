@@ -29,12 +29,14 @@ std::string Program::cuda_graph_blocker() const {
       if (device != Device::cuda(gpu_)) return fmt::format("kernel {} runs on {}", step.kernel.name, device);
       continue;
     }
-    const Node& node = g.nodes()[static_cast<size_t>(step.nodes.at(0))];
-    for (Value v : node.inputs)
-      if (v.defined() && g.type(v).device != Device::cuda(gpu_))
-        return fmt::format("{} reads a tensor on {} (%{})", node.op, g.type(v).device, g.value_number(v));
-    for (const TensorType& t : node.outputs)
-      if (t.defined && t.device != Device::cuda(gpu_)) return fmt::format("{} makes a tensor on {}", node.op, t.device);
+    for (int32_t n : step.nodes) {  // an eager step's op, and the cast of its result
+      const Node& node = g.nodes()[static_cast<size_t>(n)];
+      for (Value v : node.inputs)
+        if (v.defined() && g.type(v).device != Device::cuda(gpu_))
+          return fmt::format("{} reads a tensor on {} (%{})", node.op, g.type(v).device, g.value_number(v));
+      for (const TensorType& t : node.outputs)
+        if (t.defined && t.device != Device::cuda(gpu_)) return fmt::format("{} makes a tensor on {}", node.op, t.device);
+    }
   }
   return {};
 }
@@ -161,9 +163,14 @@ std::string Program::describe() const {
                          reused.empty() ? "" : fmt::format(" (over {})", fmt::join(reused, " ")));
     } else {
       const Node& node = g.nodes()[static_cast<size_t>(step.nodes[0])];
+      const std::string converted =
+          step.converts_result()
+              ? fmt::format(" (as {})", g.nodes()[static_cast<size_t>(step.result_node())].outputs[0].dtype)
+              : "";
       std::string in_place = plan_.in_place_op[s] ? fmt::format(" (in place: {})", plan_.in_place_op[s]->name) : "";
       if (plan_.in_place_eager[s] >= 0) in_place = fmt::format(" (in place into {})", into(plan_.in_place_eager[s]));
-      out += fmt::format("  {:<9} {} {}{}\n", kind_name(step.kind), node.op, numbers(step.nodes), in_place);
+      out += fmt::format("  {:<9} {} {}{}{}\n", kind_name(step.kind), node.op, numbers(step.nodes), converted,
+                         in_place);
     }
   }
   return out;

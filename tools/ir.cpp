@@ -3,11 +3,13 @@
 //   kiln-ir resnet18 --train --batch 2 --image-size 32 --stage simplified
 //   kiln-ir mlp --train --diff trace simplified
 //   kiln-ir resnet50 --train --stage cuda
+//   kiln-ir resnet50 --train --amp bf16 --stage fused
 //   kiln-ir --ops
 #include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -16,6 +18,8 @@
 #include <fmt/ranges.h>
 
 #include <kiln.h>
+
+#include "core/autocast.h"
 
 #include "compiler/codegen/cpp.h"
 #include "compiler/codegen/cuda.h"
@@ -64,6 +68,7 @@ struct ModelOptions {
   std::string dot_file;
   std::string diff_a, diff_b;
   std::string gpu_arch = "sm_90";
+  std::optional<DType> amp;  // --amp: the forward (and loss) traced under autocast to this dtype
   bool wants(const std::string& s) const { return stage == s || diff_a == s || diff_b == s; }
 };
 
@@ -76,6 +81,7 @@ struct Stages {
   compiler::Graph simplified;
   std::vector<compiler::PassRecord> passes;
   std::vector<compiler::ScheduleStep> groups;
+  std::string cast_summary;  // the stand-alone cast count line (fused and cuda stages)
 
   const std::string& text(const std::string& stage) const {
     for (const auto& [name, text] : texts)
@@ -124,11 +130,16 @@ Stages build_stages(const ModelOptions& o) {
   Tensor y = randint(0, o.classes, {o.batch});
   auto step = [&](const std::vector<Tensor>& a) -> std::vector<Tensor> {
     Tensor input = flatten ? a[0].flatten(1) : a[0];
+    // As in PyTorch: the forward and the loss under autocast, backward outside the scope
+    // (its gradients take the dtypes of the forward's values, parameters' stay f32).
+    std::optional<autocast> amp;
+    if (o.amp) amp.emplace(AutocastOptions{.dtype = o.amp});
     if (!o.train) {
       NoGradGuard no_grad;
       return {(*model)(input)};
     }
     Tensor loss = cross_entropy((*model)(input), a[1]);
+    amp.reset();
     loss.backward();
     return {loss};
   };
@@ -141,10 +152,17 @@ Stages build_stages(const ModelOptions& o) {
   std::string fused, kernels, source, cuda_source;
   std::vector<compiler::codegen::Kernel> generated;
   int64_t num_kernels = 0, num_eager = 0;
-  for (const compiler::ScheduleStep& group : s.groups) {
+  const compiler::CastSteps casts = compiler::stand_alone_casts(s.simplified, s.groups);
+  auto is_cast = [&](const std::vector<size_t>& steps, size_t i) {
+    return std::find(steps.begin(), steps.end(), i) != steps.end();
+  };
+  for (size_t i = 0; i < s.groups.size(); ++i) {
+    const compiler::ScheduleStep& group = s.groups[i];
     std::string members;
     for (int32_t n : group.nodes)
       members += fmt::format(" %{}={}", s.simplified.value_number({n, 0}), s.simplified.nodes()[static_cast<size_t>(n)].op);
+    if (is_cast(casts.of_computed, i)) members += "  (stand-alone cast)";
+    if (is_cast(casts.of_inputs, i)) members += "  (stand-alone cast of an input)";
     if (group.is_kernel()) {
       ++num_kernels;
       fused += fmt::format("{:<10} {}:{}\n", compiler::kind_name(group.kind), group.kernel.name, members);
@@ -159,12 +177,16 @@ Stages build_stages(const ModelOptions& o) {
   }
   fused += fmt::format("{} steps: {} generated kernels, {} library/eager ops\n", s.groups.size(), num_kernels,
                        num_eager);
+  s.cast_summary = fmt::format("{} stand-alone cast steps: {} of computed values, {} of graph inputs\n",
+                               casts.total(), casts.of_computed.size(), casts.of_inputs.size());
+  fused += s.cast_summary;
   s.texts.emplace_back("fused", fused);
   s.texts.emplace_back("kernels", kernels);
   s.texts.emplace_back("source", source);
   s.texts.emplace_back("cuda-source", cuda_source);
   // NVRTC takes a second or so for a ResNet: only when asked for.
-  if (o.wants("cuda")) s.texts.emplace_back("cuda", cuda_table(generated, o.gpu_arch));
+  // The CUDA kernels are the same schedule's: the same casts stand alone there.
+  if (o.wants("cuda")) s.texts.emplace_back("cuda", cuda_table(generated, o.gpu_arch) + s.cast_summary);
   return s;
 }
 
@@ -265,6 +287,12 @@ ModelOptions parse_model_options(int argc, char** argv) {
     else if (option == "--stage") o.stage = value();
     else if (option == "--dot") o.dot_file = value();
     else if (option == "--gpu-arch") o.gpu_arch = value();
+    else if (option == "--amp") {
+      const std::string v = value();
+      if (v == "bf16") o.amp = DType::bf16;
+      else if (v == "fp16" || v == "f16") o.amp = DType::f16;
+      else fail("kiln-ir: --amp {}: expected bf16 or fp16", v);
+    }
     else if (option == "--diff") {
       o.diff_a = value();
       o.diff_b = value();
@@ -284,6 +312,7 @@ ModelOptions parse_model_options(int argc, char** argv) {
 void usage(std::ostream& os) {
   os << "usage: kiln-ir MODEL [--train] [--batch N] [--image-size N] [--classes N] [--channels N]\n"
         "               [--stage STAGE] [--dot FILE] [--diff STAGE_A STAGE_B] [--gpu-arch sm_XX]\n"
+        "               [--amp bf16|fp16]\n"
         "       kiln-ir --ops\n"
         "  MODEL   resnet18|resnet34|resnet50|resnet101|resnet152|mlp|cnn: traces one step\n"
         "          (--train: forward, cross entropy and backward; else an inference forward)\n"
@@ -292,6 +321,9 @@ void usage(std::ostream& os) {
         "          kernels (kernel IR) | source (generated C++) | cuda-source (generated CUDA) |\n"
         "          cuda (per kernel: registers, spill, shared and stack bytes from NVRTC for the\n"
         "          --gpu-arch, sm_90 by default)\n"
+        "  --amp   traces the forward and the loss under kiln::autocast to bf16 or fp16 (backward\n"
+        "          outside it, as in PyTorch); the fused and cuda stages count the stand-alone\n"
+        "          cast steps (kernels that only convert a dtype)\n"
         "  --dot   writes the simplified graph for Graphviz, kernels as clusters\n"
         "  --diff  a line diff of two stages\n"
         "  --ops   list every registered op: kind, devices with a kernel, backward formula\n"

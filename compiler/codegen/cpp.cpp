@@ -100,6 +100,7 @@ class CppRenderer : KernelRenderer {
     open_loops(depth, kept, k_.rank);
     body(depth, false);
     combine_reductions(depth, "v{1}");
+    stores(depth, false, true);
     close_loops(depth, k_.num_reduced);
     body(depth, true);
     stores(depth, false);
@@ -132,6 +133,7 @@ class CppRenderer : KernelRenderer {
     body(depth, false);
     unit_input_dim_ = -1;
     combine_reductions(depth, "v{1}", "acc{0}_col[j]");
+    stores(depth, false, true);
     line(--depth, "}");
     close_loops(depth, k_.num_reduced);
     line(depth++, "for (int64_t j = 0; j < width; ++j) {");

@@ -180,6 +180,7 @@ class CudaRenderer : KernelRenderer {
     unravel(3, "reduced", kept, k_.rank, "inner");
     body(3, false);
     combine_reductions(3, "v{1}");
+    stores(3, false, true);
     line(2, "}");
     // The block's partial results: within each warp, then across the warps' first lanes.
     warp_combine(2);

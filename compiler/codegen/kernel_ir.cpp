@@ -50,6 +50,17 @@ std::vector<bool> after_reduction(const Kernel& kernel) {
   return after;
 }
 
+std::vector<bool> inner_stores(const Kernel& kernel) {
+  std::vector<bool> inner;
+  for (const Store& s : kernel.stores) {
+    const Buffer& b = kernel.buffers[static_cast<size_t>(s.buffer)];
+    bool walks_reduced = false;
+    for (int32_t d = kernel.rank - kernel.num_reduced; d < kernel.rank; ++d) walks_reduced |= !b.broadcasts(d);
+    inner.push_back(walks_reduced);
+  }
+  return inner;
+}
+
 std::string constant_text(const Scalar& value, DType dtype) {
   if (dtype == DType::boolean) return value.to<bool>() ? "true" : "false";
   if (is_floating(dtype)) {
@@ -125,10 +136,13 @@ std::string print(const Kernel& kernel) {
   const int32_t kept = kernel.rank - kernel.num_reduced;
   std::string indent = "  ";
   auto line = [&](const std::string& text) { out += indent + text + "\n"; };
-  auto store_lines = [&] {
-    for (const Store& s : kernel.stores) {
+  const std::vector<bool> inner = inner_stores(kernel);
+  auto store_lines = [&](bool inside) {
+    for (size_t i = 0; i < kernel.stores.size(); ++i) {
+      if (inner[i] != inside) continue;
+      const Store& s = kernel.stores[i];
       const Buffer& b = kernel.buffers[static_cast<size_t>(s.buffer)];
-      line(fmt::format("{} = v{}", index_text(b, kept), s.expr));
+      line(fmt::format("{} = v{}", index_text(b, inside ? kernel.rank : kept), s.expr));
     }
   };
   if (kept > 0) {
@@ -150,12 +164,13 @@ std::string print(const Kernel& kernel) {
     for (size_t e = 0; e < kernel.exprs.size(); ++e)
       if (kernel.exprs[e].kind == ExprKind::reduce)
         line(fmt::format("acc{} = {}(acc{}, v{})", e, kernel.exprs[e].op, e, kernel.exprs[e].args[0]));
+    store_lines(true);
     indent.resize(indent.size() - 2);
     line("}");
     for (size_t e = 0; e < kernel.exprs.size(); ++e)
       if (after[e]) line(fmt::format("v{} = {}", e, expr_text(kernel, static_cast<int32_t>(e))));
   }
-  store_lines();
+  store_lines(false);
   if (kept > 0) {
     indent.resize(indent.size() - 2);
     line("}");

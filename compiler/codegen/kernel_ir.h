@@ -13,6 +13,9 @@
 // buffers. A reduction kernel puts its reduced dimensions last: the kept dimensions are the
 // outer loops, `reduce` expressions accumulate (from their identity, with their combine op)
 // over the inner ones, and whatever depends on a reduce is evaluated after the inner loops.
+// A reduction kernel may also store values of its whole space (an output that walks the
+// reduced dims too: a cast of the reduced input that fusion stored beside the sum); those
+// stores happen inside the inner loops, once per element.
 //
 // Text form (print):
 //
@@ -113,6 +116,9 @@ ArgLayout arg_layout(const Kernel& kernel);
 
 // Whether expr `e` is evaluated after the reduction loops (it depends on a reduce).
 std::vector<bool> after_reduction(const Kernel& kernel);
+// Per store: whether it is written inside a reduction's inner loops (its buffer walks a
+// reduced dim), not once per kept index after them.
+std::vector<bool> inner_stores(const Kernel& kernel);
 
 // The text form above.
 std::string print(const Kernel& kernel);

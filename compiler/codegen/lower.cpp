@@ -329,18 +329,39 @@ bool lowers_reduction(const OpDef& op) {
 
 std::optional<Kernel> try_lower_reduction(const Graph& g, const std::vector<int32_t>& nodes, std::string& refusal) {
   Lowering l(g, nodes, "lower_reduction");
-  const int32_t r = l.nodes().back();
-  const Node& red = g.nodes()[static_cast<size_t>(r)];
   auto refuse = [&](std::string why) -> std::optional<Kernel> {
     refusal = std::move(why);
     return std::nullopt;
   };
+  // The reduction: the group's last node that is one (side outputs may follow it).
+  int32_t r = l.nodes().back();
+  for (int32_t n : l.nodes())
+    if (lowers_reduction(*g.nodes()[static_cast<size_t>(n)].def)) r = n;
+  const Node& red = g.nodes()[static_cast<size_t>(r)];
   if (!lowers_reduction(*red.def))
-    return refuse(fmt::format("lower_reduction: the last node of the group must be a reduction the code "
-                              "generator supports (sum, mean, amax, amin); got {}", red.op));
-  if (l.used_outside() != std::vector<int32_t>{r})
-    return refuse(fmt::format("lower_reduction: only the {}'s result may be used outside the group", red.op));
+    return refuse(fmt::format("lower_reduction: the group must hold a reduction the code generator supports "
+                              "(sum, mean, amax, amin); its last node is {}", red.op));
   const Shape space = g.type(red.inputs[0]).shape;
+  // Other values used outside are side outputs, stored as the inner loops walk them: they
+  // must span the reduction's whole input space and not depend on its result.
+  const std::vector<int32_t> used = l.used_outside();
+  if (std::find(used.begin(), used.end(), r) == used.end())
+    return refuse(fmt::format("lower_reduction: the {}'s result is not used outside the group", red.op));
+  std::vector<int32_t> side;
+  for (int32_t n : used) {
+    if (n == r) continue;
+    const Node& node = g.nodes()[static_cast<size_t>(n)];
+    if (node.outputs.size() != 1 || node.outputs[0].shape != space)
+      return refuse(fmt::format("lower_reduction: {} (node %{}) is used outside the group but is not a value of "
+                                "the {}'s input space {}", node.op, g.value_number({n, 0}),
+                                red.op, shape_str(space)));
+    side.push_back(n);
+  }
+  for (int32_t n : l.nodes())
+    for (Value v : g.nodes()[static_cast<size_t>(n)].inputs)
+      if (v.node == r)
+        return refuse(fmt::format("lower_reduction: {} (node %{}) reads the {}'s result inside the group",
+                                  g.nodes()[static_cast<size_t>(n)].op, g.value_number({n, 0}), red.op));
   const std::vector<bool> reduced =
       reduced_dims(space, red.attrs.has("dims") ? red.attrs.ints("dims") : DimList{}, "lower_reduction");
   const bool keepdim = red.attrs.has("keepdim") && red.attrs.b("keepdim");
@@ -357,6 +378,7 @@ std::optional<Kernel> try_lower_reduction(const Graph& g, const std::vector<int3
   std::vector<int32_t> out_dims(space.size(), -1);
   for (int32_t k = 0; k < kept; ++k) out_dims[static_cast<size_t>(k)] = keepdim ? perm[static_cast<size_t>(k)] : k;
   l.add_output(r, out_dims);
+  for (int32_t n : side) l.add_output(n, perm);
   l.lower_nodes(r);
 
   const DType out = red.outputs[0].dtype;
@@ -374,6 +396,7 @@ std::optional<Kernel> try_lower_reduction(const Graph& g, const std::vector<int3
   l.add_name(red.op);
   Kernel& k = l.kernel();
   k.stores.push_back({0, l.cast(result, out)});
+  for (size_t i = 0; i < side.size(); ++i) k.stores.push_back({static_cast<int32_t>(i + 1), l.expr_of(side[i])});
   k.size_from.resize(space.size());
   for (int32_t d = 0; d < kept; ++d) k.size_from[static_cast<size_t>(d)] = {0, out_dims[static_cast<size_t>(d)]};
   return l.finish(kept, refusal);

@@ -28,12 +28,15 @@ bool lowers_reduction(const OpDef& op);
 Kernel lower_pointwise(const Graph& g, const std::vector<int32_t>& nodes);
 
 // One kernel for a reduction node (sum, mean, amax, amin) over a pointwise prologue: `nodes`
-// holds the reduction, last in graph order, and elementwise nodes feeding it whose values
-// are used only inside the group. The reduced dims become the inner loops; sums of floating
-// values accumulate in f64 (as the eager kernels do), of integers and bools in i64.
+// holds the reduction and elementwise nodes feeding it whose values are used only inside the
+// group, and side outputs: elementwise nodes of the reduction's input space that do not
+// read its result (before or after it in graph order), stored element by element as the
+// inner loops walk them (a cast of the reduced input for a later GEMM). The reduced dims
+// become the inner loops; sums of floating values accumulate in f64 (as the eager kernels
+// do), of integers and bools in i64.
 Kernel lower_reduction(const Graph& g, const std::vector<int32_t>& nodes);
-// The same, or nothing when the group is not one reduction kernel (its last node is no
-// reduction the generator supports, a prologue value is used outside the group, it reduces
+// The same, or nothing when the group is not one reduction kernel (it holds no reduction the
+// generator supports, a value used outside the group is not a side output, it reduces
 // nothing, or no input walks a reduced dim); `refusal` says which. Fusion asks this.
 std::optional<Kernel> try_lower_reduction(const Graph& g, const std::vector<int32_t>& nodes, std::string& refusal);
 

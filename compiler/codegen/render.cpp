@@ -27,7 +27,7 @@ const TargetSyntax kCudaSyntax = {
 };
 
 KernelRenderer::KernelRenderer(const Kernel& kernel, const TargetSyntax& syntax)
-    : k_(kernel), syntax_(syntax), after_(after_reduction(kernel)) {}
+    : k_(kernel), syntax_(syntax), after_(after_reduction(kernel)), inner_(inner_stores(kernel)) {}
 
 std::string KernelRenderer::storage_type(DType d) const {
   const auto i = static_cast<size_t>(d);
@@ -145,8 +145,10 @@ void KernelRenderer::body(int depth, bool after, bool unit) {
   }
 }
 
-void KernelRenderer::stores(int depth, bool unit) {
-  for (const Store& s : k_.stores) {
+void KernelRenderer::stores(int depth, bool unit, bool inner) {
+  for (size_t i = 0; i < k_.stores.size(); ++i) {
+    if (inner_[i] != inner) continue;
+    const Store& s = k_.stores[i];
     const Buffer& buf = k_.buffers[static_cast<size_t>(s.buffer)];
     line(depth, fmt::format("{} = {};", index(buf, unit), convert(storage_type(buf.dtype), fmt::format("v{}", s.expr))));
   }

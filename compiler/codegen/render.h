@@ -52,7 +52,8 @@ class KernelRenderer {
   // `const T v<e> = ...;` for the exprs evaluated before the reduction's end (after ==
   // false: every expr of a pointwise kernel) or after it.
   void body(int depth, bool after, bool unit = false);
-  void stores(int depth, bool unit);
+  // The stores of inner_stores' kind `inner` (every store of a pointwise kernel is outer).
+  void stores(int depth, bool unit, bool inner = false);
   // `acc<e> = <op>(acc<e>, <x>);` for every reduce, combining in `x` (fmt::format(x, e)); `acc`
   // names the accumulator (fmt::format(acc, e)).
   void combine_reductions(int depth, const std::string& x, const std::string& acc = "acc{0}");
@@ -62,6 +63,7 @@ class KernelRenderer {
   const Kernel& k_;
   const TargetSyntax& syntax_;
   std::vector<bool> after_;
+  std::vector<bool> inner_;  // inner_stores(k_)
   // A dim every input buffer walks with stride 1 in the code being written (checked at run
   // time by its branch), or -1: its index terms drop the stride, so the loop vectorizes.
   int32_t unit_input_dim_ = -1;

@@ -55,9 +55,10 @@ void plan_releases(const Graph& graph, const std::vector<ScheduleStep>& steps, M
       for (int32_t b : group.kernel.output_buffers())
         defined_at[static_cast<size_t>(group.kernel.buffers[static_cast<size_t>(b)].node)] = step;
     } else {
-      const int32_t n = group.nodes.at(0);
-      for (Value v : nodes[static_cast<size_t>(n)].inputs) use(v, step);
-      defined_at[static_cast<size_t>(n)] = step;
+      // An eager step that converts its result reads only its op's inputs; the op's own
+      // result never exists apart from the cast's (fusion.h).
+      for (Value v : nodes[static_cast<size_t>(group.nodes.at(0))].inputs) use(v, step);
+      for (int32_t n : group.nodes) defined_at[static_cast<size_t>(n)] = step;
     }
   }
   plan.release_after.assign(steps.size(), {});
@@ -144,11 +145,13 @@ void plan_in_place(const Graph& graph, const std::vector<ScheduleStep>& steps, M
     if (group.kind != ScheduleStep::eager) continue;
     const Node& node = nodes[static_cast<size_t>(group.nodes.at(0))];
     if (node.outputs.size() == 1) {
-      const int32_t i = target(group.nodes.at(0), 0);
+      const int32_t i = target(group.result_node(), 0);
       if (i >= 0 && last_read[static_cast<size_t>(i)] < step) {
         plan.in_place_eager[s] = i;
         continue;
       }
+      // The rules below write the op's own result, not a converted one.
+      if (group.converts_result()) continue;
       // An op adding its result to the input it writes back to (gemm_epilogues: grad +
       // mm(a, b), grad + a convolution's weight gradient) reads that input only at the
       // element it writes, so it may run in place when no other operand reads the input.
@@ -262,7 +265,7 @@ void plan_peak(const Graph& graph, const std::vector<ScheduleStep>& steps, Memor
         }
       }
     } else {
-      const int32_t n = group.nodes.at(0);
+      const int32_t n = group.result_node();
       const Node& node = nodes[static_cast<size_t>(n)];
       if (group.kind == ScheduleStep::view) {
         share({n, 0}, node.inputs.at(0));
