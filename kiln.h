@@ -39,5 +39,6 @@
 #include "optim/accumulation.h"
 #include "optim/adamw.h"
 #include "optim/clip.h"
+#include "optim/grad_scaler.h"
 #include "optim/lr_schedule.h"
 #include "optim/sgd.h"

@@ -209,4 +209,35 @@ KILN_HD T adamw_update(T param, T grad, T& exp_avg, T& exp_avg_sq, T* max_exp_av
   return decayed - f.step_size * (exp_avg / denom);
 }
 
+// ---- loss scaling (core/ops/amp_ops.h) ----
+// The CPU and CUDA kernels of the loss scaler run these, as PyTorch's compute them.
+
+// Whether x is neither infinite nor NaN (inf - inf and NaN - NaN are NaN).
+template <class C> KILN_HD bool is_finite(C x) { return x - x == C(0); }
+
+// A gradient element times the inverse scale, in C (float for the 16-bit floats, the
+// element's own type otherwise); sets `nonfinite` when the element was infinite or NaN.
+template <class C> KILN_HD C amp_unscale(C grad, float inv_scale, bool& nonfinite) {
+  if (!is_finite(grad)) nonfinite = true;
+  return grad * static_cast<C>(inv_scale);
+}
+
+// The scale after an optimizer step, and the tracker of clean steps since the last change:
+// backed off (in f64, rounded to f32) after an overflow, grown after growth_interval clean
+// steps when the grown scale is finite.
+KILN_HD float amp_update_scale(float scale, int& tracker, bool found_inf, double growth_factor,
+                               double backoff_factor, long long growth_interval) {
+  if (found_inf) {
+    tracker = 0;
+    return static_cast<float>(scale * backoff_factor);
+  }
+  if (tracker + 1 < growth_interval) {
+    tracker = tracker + 1;
+    return scale;
+  }
+  tracker = 0;
+  const float grown = static_cast<float>(scale * growth_factor);
+  return is_finite(grown) ? grown : scale;
+}
+
 }  // namespace kiln::scalar

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "core/ops/elementwise.h"
 #include "core/ops/factory.h"
 #include "core/ops/optim_ops.h"
 
@@ -53,9 +54,15 @@ void AdamW::check_group(const ParamGroup& group) const {
 // eager step. Parameters that differ in dtype or device go to separate calls (the multi op
 // takes one kind); each parameter's numbers are the same either way.
 void AdamW::step_group(const ParamGroup& group, const std::vector<Tensor>& params,
-                       const std::vector<Tensor>& grads, const std::vector<ParamState*>& states) {
-  const AdamWHyper hyper{group.hyper.at("lr"), group.hyper.at("beta1"), group.hyper.at("beta2"),
-                         group.hyper.at("eps"), group.hyper.at("weight_decay")};
+                       const std::vector<Tensor>& grads, const std::vector<ParamState*>& states,
+                       const Tensor& found_inf) {
+  const AdamWHyper hyper{group.hyper.at("lr"),  group.hyper.at("beta1"),        group.hyper.at("beta2"),
+                         group.hyper.at("eps"), group.hyper.at("weight_decay"), found_inf};
+  // A skipped step leaves the step counts as they were: each is bumped by 1 - found_inf, an
+  // op (a traced step records it), on the host where the counts live; for CUDA parameters
+  // that reads found_inf back once per step (the GPU-speed issue moves the counts to the
+  // device).
+  const Tensor bump = found_inf.defined() ? (1.0 - found_inf.to(Device::cpu()).to(DType::f64)) : Tensor();
   const AdamWFlags flags{group.get("amsgrad") != 0, group.get("maximize") != 0};
   struct Call {
     DType dtype;
@@ -69,7 +76,8 @@ void AdamW::step_group(const ParamGroup& group, const std::vector<Tensor>& param
     ParamState& state = *states[i];
     Tensor& step = state["step"];
     if (!step.defined()) step = scalar_tensor(0.0, DType::f64);
-    step.add_(1);
+    if (bump.defined()) step.add_(bump);
+    else step.add_(1);
     const AdamWState moments{state_tensor(state, "exp_avg", p), state_tensor(state, "exp_avg_sq", p),
                              flags.amsgrad ? state_tensor(state, "max_exp_avg_sq", p) : Tensor(),
                              step};

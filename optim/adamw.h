@@ -29,7 +29,7 @@ class AdamW : public Optimizer {
  protected:
   void step_group(const ParamGroup& group, const std::vector<Tensor>& params,
                   const std::vector<Tensor>& grads,
-                  const std::vector<ParamState*>& states) override;
+                  const std::vector<ParamState*>& states, const Tensor& found_inf) override;
   void check_group(const ParamGroup& group) const override;
 };
 

@@ -75,7 +75,12 @@ bool Optimizer::has_state(const Tensor& param) const {
   return it != state_.end() && !it->second.empty();
 }
 
-void Optimizer::step() {
+void Optimizer::step() { step(Tensor()); }
+
+void Optimizer::step(const Tensor& found_inf) {
+  if (found_inf.defined())
+    KILN_CHECK(found_inf.dim() == 0 && found_inf.dtype() == DType::f32,
+               "{}.step: found_inf must be a 0-d f32 tensor, got {}", name_, found_inf.meta_str());
   NoGradGuard no_grad;
   for (auto& group : groups_) {
     {
@@ -98,7 +103,7 @@ void Optimizer::step() {
     if (params.empty()) continue;
     // The update ops bump the versions of what they write; a parameter updated through a
     // contiguous copy gets the result by copy_ (which bumps its version too).
-    step_group(group, params, grads, states);
+    step_group(group, params, grads, states, found_inf);
     for (size_t i = 0; i < params.size(); ++i)
       if (!originals[i].is_contiguous()) originals[i].detach().copy_(params[i]);
   }

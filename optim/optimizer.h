@@ -59,6 +59,13 @@ class Optimizer {
   void zero_grad(bool set_to_none = true);
   // One update of every parameter that has a gradient, in place, without recording a graph.
   void step();
+  // The same, skipped when found_inf (a 0-d f32 tensor, on the CPU or the parameters'
+  // device) is nonzero: parameters, state and step counts are left as they were. The update
+  // kernels read found_inf when they run, so nothing here waits for it on the host (a
+  // traced step holds for either value), except AdamW's step counts of CUDA parameters,
+  // which live on the host and are bumped by 1 - found_inf read back once per step.
+  // optim::GradScaler calls this; found_inf undefined is step().
+  void step(const Tensor& found_inf);
 
   // The state of `param` (created empty on first use).
   ParamState& state(const Tensor& param);
@@ -77,10 +84,11 @@ class Optimizer {
   // `name` is the optimizer's name for errors; `defaults` every hyperparameter it has.
   Optimizer(std::string name, std::map<std::string, double> defaults);
   // Updates the parameters of one group that have gradients, in place; `grads[i]` is
-  // contiguous with params[i]'s dtype and `states[i]` its state.
+  // contiguous with params[i]'s dtype and `states[i]` its state. found_inf: as step's
+  // (undefined: never skipped).
   virtual void step_group(const ParamGroup& group, const std::vector<Tensor>& params,
-                          const std::vector<Tensor>& grads,
-                          const std::vector<ParamState*>& states) = 0;
+                          const std::vector<Tensor>& grads, const std::vector<ParamState*>& states,
+                          const Tensor& found_inf) = 0;
   // Checks the values of a group's hyperparameters (errors name the optimizer).
   virtual void check_group(const ParamGroup&) const {}
 

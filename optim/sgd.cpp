@@ -44,11 +44,14 @@ void SGD::check_group(const ParamGroup& group) const {
 // first update and the call says so (`first`): a step traced then would bake that in, so
 // compile a training step after one eager step. Parameters that differ in dtype, device or
 // `first` go to separate calls (the multi op takes one kind); each parameter's numbers are
-// the same either way.
+// the same either way. A skipped step (found_inf) still makes the buffers, as zeros: the
+// next step then takes momentum * 0 + (1 - dampening) * g where PyTorch, which never ran the
+// skipped step, takes g; the two agree unless dampening is set.
 void SGD::step_group(const ParamGroup& group, const std::vector<Tensor>& params,
-                     const std::vector<Tensor>& grads, const std::vector<ParamState*>& states) {
-  const SGDHyper hyper{group.hyper.at("lr"), group.hyper.at("momentum"),
-                       group.hyper.at("dampening"), group.hyper.at("weight_decay")};
+                     const std::vector<Tensor>& grads, const std::vector<ParamState*>& states,
+                     const Tensor& found_inf) {
+  const SGDHyper hyper{group.hyper.at("lr"), group.hyper.at("momentum"), group.hyper.at("dampening"),
+                       group.hyper.at("weight_decay"), found_inf};
   // Once a parameter has a momentum buffer it is used without reading momentum on the host,
   // so that a traced step holds for any momentum a schedule sets (no guard on its value).
   bool has_buffers = !params.empty();

@@ -36,10 +36,20 @@ void check_state(const TensorMeta& m, const char* what, std::span<const TensorMe
              metas_str(in));
 }
 
-// 0-d hyperparameters from `first` on: required, one element, floating or integer.
-void check_scalars(std::span<const TensorMeta> in, size_t first, const char* const* names,
+// The optional found_inf after the hyperparameters, at in[at] when the call has it: a 0-d
+// f32 tensor on the CPU or on the parameter's device.
+void check_found_inf(std::span<const TensorMeta> in, size_t at, const char* op) {
+  if (in.size() <= at || !in[at].defined) return;
+  const TensorMeta& f = in[at];
+  KILN_CHECK(f.shape.empty() && f.dtype == DType::f32 && (f.device.is_cpu() || f.device == in[0].device),
+             "{}: found_inf must be a 0-d f32 tensor on the CPU or on the parameter's device ({}), got {}", op,
+             in[0].device.str(), f.str());
+}
+
+// 0-d hyperparameters from `first` up to `end`: required, one element, floating or integer.
+void check_scalars(std::span<const TensorMeta> in, size_t first, size_t end, const char* const* names,
                    const char* op) {
-  for (size_t i = first; i < in.size(); ++i) {
+  for (size_t i = first; i < end; ++i) {
     const TensorMeta& m = in[i];
     const char* what = names[i - first];
     KILN_CHECK(m.defined, "{}: {} is required ({})", op, what, metas_str(in));
@@ -60,11 +70,12 @@ constexpr const char* kSGDScalars[] = {"lr", "momentum", "dampening", "weight_de
 
 // (param, grad, momentum_buffer?, lr, momentum, dampening, weight_decay)
 void check_sgd(std::span<const TensorMeta> in, const Attrs& a, const char* op) {
-  KILN_CHECK(in.size() == 7, "{}: expects 7 tensors (absent optional ones undefined), got {}", op,
-             in.size());
+  KILN_CHECK(in.size() == 7 || in.size() == 8,
+             "{}: expects 7 tensors, or 8 with found_inf (absent optional ones undefined), got {}", op, in.size());
   check_param_and_grad(in, op);
   check_state(in[2], "momentum_buffer", in, op);
-  check_scalars(in, 3, kSGDScalars, op);
+  check_scalars(in, 3, 7, kSGDScalars, op);
+  check_found_inf(in, 7, op);
   flag(a, "nesterov", op);
   flag(a, "maximize", op);
   flag(a, "first", op);
@@ -85,15 +96,16 @@ constexpr const char* kAdamWScalars[] = {"step", "lr", "beta1", "beta2", "eps", 
 // (param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq?, step, lr, beta1, beta2, eps,
 // weight_decay)
 void check_adamw(std::span<const TensorMeta> in, const Attrs& a, const char* op) {
-  KILN_CHECK(in.size() == 11, "{}: expects 11 tensors (absent optional ones undefined), got {}",
-             op, in.size());
+  KILN_CHECK(in.size() == 11 || in.size() == 12,
+             "{}: expects 11 tensors, or 12 with found_inf (absent optional ones undefined), got {}", op, in.size());
   check_param_and_grad(in, op);
   KILN_CHECK(in[2].defined && in[3].defined, "{}: exp_avg and exp_avg_sq are required ({})", op,
              metas_str(in));
   check_state(in[2], "exp_avg", in, op);
   check_state(in[3], "exp_avg_sq", in, op);
   check_state(in[4], "max_exp_avg_sq", in, op);
-  check_scalars(in, 5, kAdamWScalars, op);
+  check_scalars(in, 5, 11, kAdamWScalars, op);
+  check_found_inf(in, 11, op);
   KILN_CHECK(flag(a, "amsgrad", op) == in[4].defined,
              "{}: max_exp_avg_sq must be given exactly when amsgrad is set ({}; {})", op,
              a.to_string(), metas_str(in));
@@ -117,9 +129,16 @@ const OpDef& kAdamWUpdateInPlace = define_op(
     {.name = "adamw_update_", .infer = infer_adamw_update_, .mutated_inputs = {0, 2, 3, 4}, .pure_twin = "adamw_update"});
 const OpDef& kAdamWUpdate = define_op({.name = "adamw_update", .infer = infer_adamw_update});
 
+// found_inf goes last, and only when given: a call without it keeps the short input list.
+void push_found_inf(std::vector<Tensor>& in, const Tensor& found_inf) {
+  if (found_inf.defined()) in.push_back(found_inf);
+}
+
 std::vector<Tensor> sgd_inputs(const Tensor& param, const Tensor& grad, const Tensor& buffer,
                                const SGDHyper& h) {
-  return {param, grad, buffer, h.lr, h.momentum, h.dampening, h.weight_decay};
+  std::vector<Tensor> in{param, grad, buffer, h.lr, h.momentum, h.dampening, h.weight_decay};
+  push_found_inf(in, h.found_inf);
+  return in;
 }
 Attrs sgd_attrs(SGDFlags f) {
   return {{"nesterov", f.nesterov}, {"maximize", f.maximize}, {"first", f.first}};
@@ -127,8 +146,10 @@ Attrs sgd_attrs(SGDFlags f) {
 
 std::vector<Tensor> adamw_inputs(const Tensor& param, const Tensor& grad, const AdamWState& s,
                                  const AdamWHyper& h) {
-  return {param, grad, s.exp_avg, s.exp_avg_sq, s.max_exp_avg_sq, s.step,
-          h.lr, h.beta1, h.beta2, h.eps, h.weight_decay};
+  std::vector<Tensor> in{param, grad, s.exp_avg, s.exp_avg_sq, s.max_exp_avg_sq, s.step,
+                         h.lr, h.beta1, h.beta2, h.eps, h.weight_decay};
+  push_found_inf(in, h.found_inf);
+  return in;
 }
 Attrs adamw_attrs(AdamWFlags f) { return {{"amsgrad", f.amsgrad}, {"maximize", f.maximize}}; }
 
@@ -175,9 +196,11 @@ using SingleCheck = void (*)(std::span<const TensorMeta>, const Attrs&, const ch
 int64_t check_multi(std::span<const TensorMeta> in, const Attrs& a, const char* op, int64_t roles,
                     int64_t hypers, int64_t optional_role, SingleCheck check) {
   const int64_t count = count_of(a, op);
-  KILN_CHECK(static_cast<int64_t>(in.size()) == roles * count + hypers,
-             "{}: expects {} tensors for count {} ({} per parameter, then {} hyperparameters), got {}", op,
-             roles * count + hypers, count, roles, hypers, in.size());
+  const auto size = static_cast<int64_t>(in.size());
+  KILN_CHECK(size == roles * count + hypers || size == roles * count + hypers + 1,
+             "{}: expects {} tensors for count {} ({} per parameter, then {} hyperparameters, then an optional "
+             "found_inf), got {}",
+             op, roles * count + hypers, count, roles, hypers, in.size());
   const bool optional_given = in[static_cast<size_t>(optional_role * count)].defined;
   for (int64_t k = 0; k < count; ++k) {
     const std::string label = fmt::format("{} (parameter {})", op, k);
@@ -243,6 +266,7 @@ std::vector<Tensor> sgd_multi_inputs(std::span<const Tensor> params, std::span<c
   if (buffers.empty()) in.resize(in.size() + params.size());
   else in.insert(in.end(), buffers.begin(), buffers.end());
   for (const Tensor& t : {h.lr, h.momentum, h.dampening, h.weight_decay}) in.push_back(t);
+  push_found_inf(in, h.found_inf);
   return in;
 }
 Attrs sgd_multi_attrs(size_t count, SGDFlags f) {
@@ -263,6 +287,7 @@ std::vector<Tensor> adamw_multi_inputs(std::span<const Tensor> params, std::span
                                    &AdamWState::max_exp_avg_sq, &AdamWState::step})
     for (const AdamWState& s : states) in.push_back(s.*role);
   for (const Tensor& t : {h.lr, h.beta1, h.beta2, h.eps, h.weight_decay}) in.push_back(t);
+  push_found_inf(in, h.found_inf);
   return in;
 }
 Attrs adamw_multi_attrs(size_t count, AdamWFlags f) {

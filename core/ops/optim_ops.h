@@ -34,6 +34,13 @@
 // Param, grad and state tensors are f32 or f64 CPU tensors of one dtype and shape; the
 // in-place forms need param and state contiguous. Each pure op computes, element for
 // element, exactly what its in-place form writes (one shared loop).
+//
+// Skipped steps (mixed precision, optim/grad_scaler.h): every form takes one more, optional,
+// input after the hyperparameters: found_inf, a 0-d f32 tensor on the CPU or on the
+// parameters' device. When it is nonzero the update is skipped: the in-place forms write
+// nothing, the pure forms return the inputs' values. The kernels read it when they run (on
+// the device, inside the CUDA kernels), so a traced step neither reads nor guards it and a
+// CUDA step does not wait for it on the host.
 #include <span>
 #include <vector>
 
@@ -43,6 +50,7 @@ namespace kiln {
 
 struct SGDHyper {
   Tensor lr, momentum, dampening, weight_decay;  // 0-d
+  Tensor found_inf;  // optional: the step is skipped when nonzero (see the top of the file)
 };
 struct SGDFlags {
   bool nesterov = false;
@@ -67,6 +75,7 @@ SGDUpdate sgd_update(const Tensor& param, const Tensor& grad, const Tensor& mome
 
 struct AdamWHyper {
   Tensor lr, beta1, beta2, eps, weight_decay;  // 0-d
+  Tensor found_inf;  // optional: the step is skipped when nonzero (see the top of the file)
 };
 struct AdamWFlags {
   bool amsgrad = false;  // max_exp_avg_sq must be given exactly when amsgrad
@@ -114,5 +123,11 @@ std::vector<AdamWUpdate> adamw_update_multi(std::span<const Tensor> params,
 // single op's order: how a kernel runs the multi op as N single updates.
 std::vector<Tensor> sgd_single_inputs(std::span<const Tensor> in, int64_t count, int64_t k);
 std::vector<Tensor> adamw_single_inputs(std::span<const Tensor> in, int64_t count, int64_t k);
+
+// The found_inf input of a single update's inputs (`hypers_end` = 7 for sgd, 11 for adamw):
+// undefined when the call has none.
+inline Tensor found_inf_input(std::span<const Tensor> in, size_t hypers_end) {
+  return in.size() > hypers_end ? in[hypers_end] : Tensor();
+}
 
 }  // namespace kiln

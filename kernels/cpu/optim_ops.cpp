@@ -40,6 +40,18 @@ void check_writable(const Tensor& t, const std::string& what, const char* op) {
              op, what, t.meta_str(), shape_str(t.strides()));
 }
 
+// Whether a skipped step (found_inf nonzero, core/ops/optim_ops.h) leaves this call's
+// outputs as they were: read when the kernel runs, never at trace time. The shape rule put
+// found_inf on the CPU (a CPU parameter's device).
+bool skipped(const Tensor& found_inf) { return found_inf.defined() && found_inf.item<float>() != 0.0f; }
+
+// A skipped pure form returns the values it was given: out[i] = in[i] where out[i] is the
+// new value of input in[i] (nothing to do for the in-place forms, whose outputs are inputs).
+void copy_unchanged(std::initializer_list<std::pair<Tensor, Tensor>> pairs) {
+  for (const auto& [out, in] : pairs)
+    if (out.defined() && !out.same(in)) Tensor(out).copy_(in);
+}
+
 // The multi-tensor forms' work list: chunks of at most kChunk elements of one parameter
 // each, over all parameters. The chunks go to the threads dynamically (parameter sizes
 // vary from a few to millions of elements); small calls run on the calling thread, as
@@ -131,11 +143,14 @@ void run_sgd(Span in, const Tensor& p_out, const Tensor& buf_out, const Attrs& a
 void sgd_update_inplace(Span in, Span, const Attrs& attrs) {
   check_writable(in[0], "param", "sgd_update_");
   check_writable(in[2], "momentum_buffer", "sgd_update_");
+  if (skipped(found_inf_input(in, 7))) return;
   run_sgd(in, in[0], in[2], attrs);
 }
 
 void sgd_update(Span in, Span out, const Attrs& attrs) {
-  run_sgd(in, out[0], out.size() > 1 ? out[1] : Tensor(), attrs);
+  const Tensor buf_out = out.size() > 1 ? out[1] : Tensor();
+  if (skipped(found_inf_input(in, 7))) return copy_unchanged({{out[0], in[0]}, {buf_out, in[2]}});
+  run_sgd(in, out[0], buf_out, attrs);
 }
 
 // The multi-tensor form: outs(k) gives parameter k's (p_out, buf_out). The shape rule made
@@ -169,6 +184,7 @@ void sgd_update_multi_inplace(Span in, Span, const Attrs& attrs) {
     check_writable(in[static_cast<size_t>(k)], fmt::format("param {}", k), "sgd_update_multi_");
     check_writable(in[static_cast<size_t>(2 * n + k)], fmt::format("momentum_buffer {}", k), "sgd_update_multi_");
   }
+  if (skipped(found_inf_input(in, static_cast<size_t>(3 * n + 4)))) return;
   run_sgd_multi(in, attrs, [&](int64_t k) {
     return std::pair{in[static_cast<size_t>(k)], in[static_cast<size_t>(2 * n + k)]};
   });
@@ -177,6 +193,11 @@ void sgd_update_multi_inplace(Span in, Span, const Attrs& attrs) {
 // out: (new_param x N, new_momentum_buffer x N if given).
 void sgd_update_multi(Span in, Span out, const Attrs& attrs) {
   const int64_t n = attrs.i("count");
+  if (skipped(found_inf_input(in, static_cast<size_t>(3 * n + 4)))) {
+    for (size_t i = 0; i < out.size(); ++i)  // outputs: params, then buffers (inputs 2n..3n-1)
+      copy_unchanged({{out[i], in[i < static_cast<size_t>(n) ? i : i + static_cast<size_t>(n)]}});
+    return;
+  }
   run_sgd_multi(in, attrs, [&](int64_t k) {
     const Tensor buf = static_cast<int64_t>(out.size()) > n ? out[static_cast<size_t>(n + k)] : Tensor();
     return std::pair{out[static_cast<size_t>(k)], buf};
@@ -236,12 +257,15 @@ void run_adamw(Span in, const Tensor* out, const Attrs& attrs) {
 void adamw_update_inplace(Span in, Span, const Attrs& attrs) {
   const char* what[] = {"param", "", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
   for (int i : {0, 2, 3, 4}) check_writable(in[static_cast<size_t>(i)], what[i], "adamw_update_");
+  if (skipped(found_inf_input(in, 11))) return;
   const Tensor out[] = {in[0], in[2], in[3], in[4]};
   run_adamw(in, out, attrs);
 }
 
 void adamw_update(Span in, Span out, const Attrs& attrs) {
   const Tensor outs[] = {out[0], out[1], out[2], out.size() > 3 ? out[3] : Tensor()};
+  if (skipped(found_inf_input(in, 11)))
+    return copy_unchanged({{outs[0], in[0]}, {outs[1], in[2]}, {outs[2], in[3]}, {outs[3], in[4]}});
   run_adamw(in, outs, attrs);
 }
 
@@ -280,6 +304,7 @@ void adamw_update_multi_inplace(Span in, Span, const Attrs& attrs) {
   for (int64_t role : {0, 2, 3, 4})
     for (int64_t k = 0; k < n; ++k)
       check_writable(in[static_cast<size_t>(role * n + k)], fmt::format("{} {}", what[role], k), "adamw_update_multi_");
+  if (skipped(found_inf_input(in, static_cast<size_t>(6 * n + 5)))) return;
   run_adamw_multi(in, attrs, [&](int64_t k) {
     auto at = [&](int64_t role) { return in[static_cast<size_t>(role * n + k)]; };
     return std::array<Tensor, 4>{at(0), at(2), at(3), at(4)};
@@ -289,6 +314,15 @@ void adamw_update_multi_inplace(Span in, Span, const Attrs& attrs) {
 // out: (new_param x N, new_exp_avg x N, new_exp_avg_sq x N, new_max_exp_avg_sq x N if given).
 void adamw_update_multi(Span in, Span out, const Attrs& attrs) {
   const int64_t n = attrs.i("count");
+  if (skipped(found_inf_input(in, static_cast<size_t>(6 * n + 5)))) {
+    // outputs: role r's new values (params, exp_avg, exp_avg_sq, max_exp_avg_sq) are inputs
+    // of roles 0, 2, 3, 4
+    for (size_t i = 0; i < out.size(); ++i) {
+      const size_t role = i / static_cast<size_t>(n), k = i % static_cast<size_t>(n);
+      copy_unchanged({{out[i], in[(role == 0 ? 0 : role + 1) * static_cast<size_t>(n) + k]}});
+    }
+    return;
+  }
   run_adamw_multi(in, attrs, [&](int64_t k) {
     auto at = [&](int64_t role) {
       const auto i = static_cast<size_t>(role * n + k);

@@ -49,15 +49,22 @@ struct SgdParam {
 struct SgdParams {
   SgdParam param[)" + std::to_string(kSgdGroup) + R"(];
 };
-extern "C" __global__ void NAME(const SgdParams group, const kiln::scalar::SgdFactors<double> factors, long long total) {
+extern "C" __global__ void NAME(const SgdParams group, const kiln::scalar::SgdFactors<double> factors, long long total,
+                               const float* found_inf) {
   const kiln::scalar::SgdFactors<T> f = kiln::scalar::in_dtype<T>(factors);
+  // A skipped step (mixed precision's found_inf set): the pure form returns its inputs, the
+  // in-place form (outputs are the inputs) writes nothing.
+  const bool skip = found_inf && *found_inf != 0.0f;
   const long long stride = (long long)gridDim.x * blockDim.x;
   int k = 0;
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
     while (i >= group.param[k].start + group.param[k].n) ++k;
     const SgdParam& q = group.param[k];
     const long long j = i - q.start;
-    if (q.buf_out) {
+    if (skip) {
+      if (q.p_out != q.p) q.p_out[j] = q.p[j];
+      if (q.buf_out && q.buf_out != q.buf) q.buf_out[j] = q.buf[j];
+    } else if (q.buf_out) {
       T b = q.buf[j];
       q.p_out[j] = kiln::scalar::sgd_update(q.p[j], q.g[j], &b, f);
       q.buf_out[j] = b;
@@ -95,13 +102,21 @@ struct AdamParam {
 struct AdamParams {
   AdamParam param[)" + std::to_string(kAdamGroup) + R"(];
 };
-extern "C" __global__ void NAME(const AdamParams group, long long total) {
+extern "C" __global__ void NAME(const AdamParams group, long long total, const float* found_inf) {
+  const bool skip = found_inf && *found_inf != 0.0f;  // as in sgd_multi
   const long long stride = (long long)gridDim.x * blockDim.x;
   int k = 0;
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
     while (i >= group.param[k].start + group.param[k].n) ++k;
     const AdamParam& q = group.param[k];
     const long long j = i - q.start;
+    if (skip) {
+      if (q.p_out != q.p) q.p_out[j] = q.p[j];
+      if (q.m_out != q.m) q.m_out[j] = q.m[j];
+      if (q.v_out != q.v) q.v_out[j] = q.v[j];
+      if (q.vmax_out && q.vmax_out != q.vmax) q.vmax_out[j] = q.vmax[j];
+      continue;
+    }
     T m = q.m[j], v = q.v[j], vmax = q.vmax_out ? q.vmax[j] : T(0);
     q.p_out[j] = kiln::scalar::adamw_update(q.p[j], q.g[j], m, v, q.vmax_out ? &vmax : nullptr,
                                             kiln::scalar::in_dtype<T>(q.factors));
@@ -159,6 +174,15 @@ void for_each_group(const std::vector<int64_t>& params, Fill fill, Launch launch
   }
 }
 
+// The found_inf input at in[at], if any, where the kernels read it: on the parameters'
+// device (a CPU found_inf with CUDA parameters is copied there first; the optimizers keep it
+// on the device). `keep` holds the copy. Null without one.
+const float* found_inf_on_device(std::span<const Tensor> in, size_t at, Tensor& keep) {
+  if (in.size() <= at || !in[at].defined()) return nullptr;
+  keep = in[at].to(in[0].device());
+  return keep.data_ptr<float>();
+}
+
 }  // namespace
 
 std::vector<int64_t> sgd_update_multi_tensor(std::span<const Tensor> in, std::span<const Tensor> p_out,
@@ -172,6 +196,8 @@ std::vector<int64_t> sgd_update_multi_tensor(std::span<const Tensor> in, std::sp
     return t;
   });
   const scalar::SgdFactors<double> factors = sgd_factors(in.subspan(static_cast<size_t>(3 * n), 4), attrs);
+  Tensor keep;
+  const float* found_inf = found_inf_on_device(in, static_cast<size_t>(3 * n + 4), keep);
   for_each_group<SgdParams>(
       fast,
       [&](SgdParam& q, int64_t k) {
@@ -184,7 +210,7 @@ std::vector<int64_t> sgd_update_multi_tensor(std::span<const Tensor> in, std::sp
         return at(0, k).numel();
       },
       [&](const SgdParams& group, long long total, long long threads) {
-        kSgdMulti.launch(in[0].dtype(), in[0].device().index, threads, group, factors, total);
+        kSgdMulti.launch(in[0].dtype(), in[0].device().index, threads, group, factors, total, found_inf);
       });
   return rest;
 }
@@ -201,6 +227,8 @@ std::vector<int64_t> adamw_update_multi_tensor(std::span<const Tensor> in, const
     return t;
   });
   const std::span<const Tensor> hyper = in.subspan(static_cast<size_t>(6 * n), 5);
+  Tensor keep;
+  const float* found_inf = found_inf_on_device(in, static_cast<size_t>(6 * n + 5), keep);
   for_each_group<AdamParams>(
       fast,
       [&](AdamParam& q, int64_t k) {
@@ -218,7 +246,7 @@ std::vector<int64_t> adamw_update_multi_tensor(std::span<const Tensor> in, const
         return at(0, k).numel();
       },
       [&](const AdamParams& group, long long total, long long threads) {
-        kAdamMulti.launch(in[0].dtype(), in[0].device().index, threads, group, total);
+        kAdamMulti.launch(in[0].dtype(), in[0].device().index, threads, group, total, found_inf);
       });
   return rest;
 }

@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "compiler/compiler_testing.h"
+#include "core/ops/amp_ops.h"
 #include "cuda/cuda_emulator.h"
 #include "testing.h"
 
@@ -150,6 +151,93 @@ TEST_CASE("cuda emulated ops: the single AdamW update equals the CPU's bit for b
           if (flags.amsgrad) CHECK_SAME_BITS(in[4], expected.max_exp_avg_sq);
         }
       }
+    }
+  }
+}
+
+// Mixed precision's skipped steps: with found_inf set, the CUDA updates' pure forms return
+// their inputs and the in-place forms write nothing; with found_inf 0 they update as without.
+TEST_CASE("cuda emulated ops: updates with found_inf skip or run as the CPU's", "[cuda_emulated][amp]") {
+  TempCache cache;
+  manual_seed(23);
+  const Tensor p = randn({3, 5}), g = randn({3, 5}), buf = randn({3, 5}), m = randn({3, 5}) * 0.1,
+               v = rand_like(zeros({3, 5})) * 0.01;
+  for (float flag : {0.0f, 1.0f}) {
+    INFO("found_inf " << flag);
+    const Tensor found_inf = full({}, flag, {.dtype = DType::f32});
+    const SGDHyper sgd{full({}, 0.1), full({}, 0.9), full({}, 0.0), full({}, 0.01), found_inf};
+    const SGDUpdate sgd_expected = sgd_update(p, g, buf, sgd, {});
+    CHECK_SAME_BITS(sgd_expected.param, flag != 0 ? p : sgd_update(p, g, buf, {sgd.lr, sgd.momentum, sgd.dampening, sgd.weight_decay}, {}).param);
+    const Attrs sgd_attrs{{"nesterov", false}, {"maximize", false}, {"first", false}};
+    const std::vector<Tensor> sgd_in = {p.clone(), g, buf.clone(), sgd.lr, sgd.momentum, sgd.dampening,
+                                        sgd.weight_decay, found_inf};
+    std::vector<Tensor> sgd_out = {full({3, 5}, 7.0), full({3, 5}, 7.0)};
+    run_emulated("sgd_update", sgd_in, sgd_out, sgd_attrs);
+    CHECK_SAME_BITS(sgd_out[0], sgd_expected.param);
+    CHECK_SAME_BITS(sgd_out[1], sgd_expected.momentum_buffer);
+    run_emulated("sgd_update_", sgd_in, {}, sgd_attrs);
+    CHECK_SAME_BITS(sgd_in[0], sgd_expected.param);
+    CHECK_SAME_BITS(sgd_in[2], sgd_expected.momentum_buffer);
+
+    const AdamWHyper adam{full({}, 1e-3), full({}, 0.9), full({}, 0.999), full({}, 1e-8), full({}, 0.01), found_inf};
+    const AdamWState state{m, v, Tensor(), full({}, 3.0)};
+    const AdamWUpdate adam_expected = adamw_update(p, g, state, adam, {});
+    if (flag != 0) CHECK_SAME_BITS(adam_expected.exp_avg, m);
+    const Attrs adam_attrs{{"amsgrad", false}, {"maximize", false}};
+    const std::vector<Tensor> adam_in = {p.clone(), g, m.clone(), v.clone(), Tensor(), state.step, adam.lr,
+                                         adam.beta1, adam.beta2, adam.eps, adam.weight_decay, found_inf};
+    std::vector<Tensor> adam_out = {full({3, 5}, 7.0), full({3, 5}, 7.0), full({3, 5}, 7.0)};
+    run_emulated("adamw_update", adam_in, adam_out, adam_attrs);
+    CHECK_SAME_BITS(adam_out[0], adam_expected.param);
+    CHECK_SAME_BITS(adam_out[1], adam_expected.exp_avg);
+    CHECK_SAME_BITS(adam_out[2], adam_expected.exp_avg_sq);
+    run_emulated("adamw_update_", adam_in, {}, adam_attrs);
+    CHECK_SAME_BITS(adam_in[0], adam_expected.param);
+    CHECK_SAME_BITS(adam_in[2], adam_expected.exp_avg);
+    CHECK_SAME_BITS(adam_in[3], adam_expected.exp_avg_sq);
+  }
+}
+
+TEST_CASE("cuda emulated ops: the loss scaler's kernels equal the CPU's", "[cuda_emulated][amp]") {
+  TempCache cache;
+  manual_seed(24);
+  for (DType dt : {DType::f32, DType::f64, DType::f16, DType::bf16}) {
+    for (bool poisoned : {false, true}) {
+      INFO(name(dt) << " poisoned " << poisoned);
+      Tensor a = (randn({4, 9}) * 1000).to(dt), b = (randn({70}) * 1000).to(dt);
+      if (poisoned) b.select(0, 69).fill_(std::numeric_limits<double>::quiet_NaN());
+      const Tensor inv = full({}, 1.0f / 3.0f, {.dtype = DType::f32});
+      std::vector<Tensor> cpu_grads = {a.clone(), b.clone()};
+      Tensor cpu_found = zeros({}, {.dtype = DType::f32});
+      amp_unscale_(cpu_grads, cpu_found, inv);
+      const Attrs attrs{{"count", int64_t{2}}};
+      // The in-place form, and the pure form into outputs of which one is not dense.
+      const std::vector<Tensor> in = {a.clone(), strided(b), zeros({}, {.dtype = DType::f32}), inv};
+      std::vector<Tensor> out = {full({4, 9}, 7.0, {.dtype = dt}), strided(full({70}, 7.0, {.dtype = dt})),
+                                 full({}, 5.0f, {.dtype = DType::f32})};
+      run_emulated("amp_unscale", in, out, attrs);
+      CHECK_SAME_BITS(out[0], cpu_grads[0]);
+      CHECK_SAME_BITS(out[1], cpu_grads[1]);
+      CHECK(out[2].item<float>() == cpu_found.item<float>());
+      run_emulated("amp_unscale_", in, {}, attrs);
+      CHECK_SAME_BITS(in[0], cpu_grads[0]);
+      CHECK_SAME_BITS(in[1], cpu_grads[1]);
+      CHECK(in[2].item<float>() == (poisoned ? 1.0f : 0.0f));
+    }
+  }
+  const Attrs update_attrs{{"growth_factor", 2.0}, {"backoff_factor", 0.5}, {"growth_interval", int64_t{2}}};
+  for (float flag : {0.0f, 1.0f}) {
+    for (int tracker : {0, 1}) {
+      const std::vector<Tensor> in = {full({}, 1024.0f, {.dtype = DType::f32}), full({}, tracker, {.dtype = DType::i32}),
+                                      full({}, flag, {.dtype = DType::f32})};
+      const AmpScaleState expected = amp_update_scale(in[0], in[1], in[2], {2.0, 0.5, 2});
+      std::vector<Tensor> out = {zeros({}, {.dtype = DType::f32}), zeros({}, {.dtype = DType::i32})};
+      run_emulated("amp_update_scale", in, out, update_attrs);
+      CHECK(out[0].item<float>() == expected.scale.item<float>());
+      CHECK(out[1].item<int32_t>() == expected.growth_tracker.item<int32_t>());
+      run_emulated("amp_update_scale_", in, {}, update_attrs);
+      CHECK(in[0].item<float>() == expected.scale.item<float>());
+      CHECK(in[1].item<int32_t>() == expected.growth_tracker.item<int32_t>());
     }
   }
 }

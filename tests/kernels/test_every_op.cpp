@@ -3,6 +3,7 @@
 // unreachable. Every compute op also has a CPU kernel.
 #include <set>
 
+#include "core/ops/amp_ops.h"
 #include "core/ops/optim_ops.h"
 #include "testing.h"
 
@@ -152,6 +153,14 @@ TEST_CASE("the op hook sees every registered op", "[hook][registry]") {
     const std::vector<AdamWState> adam_states = {adam_state, {zeros({2}), zeros({2}), {}, adam_state.step}};
     adamw_update_multi_(ps, gs, adam_states, {h, h, h, h, h}, {});
     adamw_update_multi(ps, gs, adam_states, {h, h, h, h, h}, {});
+
+    // the loss scaler's ops
+    const Tensor found = zeros({}, {.dtype = DType::f32}), scale = full({}, 2.0, {.dtype = DType::f32});
+    const Tensor tracker = zeros({}, {.dtype = DType::i32});
+    amp_unscale_(gs, found, scale);
+    amp_unscale(gs, found, scale);
+    amp_update_scale_(scale, tracker, found, {});
+    amp_update_scale(scale, tracker, found, {});
   }
   std::set<std::string> missing;
   for (const OpDef* op : all_ops())
@@ -184,7 +193,7 @@ TEST_CASE("in-place and pure twins are facts of their registry entries, both way
     }
     if (op->in_place_twin) CHECK(op->in_place_twin->pure_twin == op->name);
   }
-  CHECK(pairs == 4);  // sgd_update_, adamw_update_ and their multi-tensor forms
+  CHECK(pairs == 6);  // sgd_update_, adamw_update_, their multi-tensor forms, amp_unscale_, amp_update_scale_
   CHECK(find_op("sgd_update").in_place_twin == &find_op("sgd_update_"));
   CHECK(find_op("add").in_place_twin == nullptr);  // add_ is add's out= form, not a twin
 }

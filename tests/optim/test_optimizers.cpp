@@ -332,15 +332,23 @@ TEST_CASE("clip_grad_norm_ returns the norm and scales gradients", "[optim]") {
     b.set_grad(tensor_of({12.0}, {}, DType::f64));
   };
   reset();
-  REQUIRE(optim::clip_grad_norm_({a, b, c}, 100.0) == Approx(13.0).epsilon(1e-15));
+  REQUIRE(optim::clip_grad_norm_({a, b, c}, 100.0).item<double>() == Approx(13.0).epsilon(1e-15));
   require_values(a.grad(), {3.0, 4.0}, 0.0);  // under max_norm: unchanged
-  REQUIRE(optim::clip_grad_norm_({a, b, c}, 6.5) == Approx(13.0).epsilon(1e-15));
+  REQUIRE(optim::clip_grad_norm_({a, b, c}, 6.5).item<double>() == Approx(13.0).epsilon(1e-15));
   const double coef = 6.5 / (13.0 + 1e-6);
   require_values(a.grad(), {3.0 * coef, 4.0 * coef}, 1e-14);
   require_values(b.grad(), {12.0 * coef}, 1e-14);
   reset();
-  REQUIRE(optim::clip_grad_norm_({a, b}, 6.0, std::numeric_limits<double>::infinity()) == 12.0);
+  REQUIRE(optim::clip_grad_norm_({a, b}, 6.0, std::numeric_limits<double>::infinity()).item<double>() == 12.0);
   require_values(b.grad(), {12.0 * 6.0 / (12.0 + 1e-6)}, 1e-14);
   reset();
-  REQUIRE(optim::clip_grad_norm_({a, b}, 100.0, 1.0) == Approx(19.0).epsilon(1e-15));
+  REQUIRE(optim::clip_grad_norm_({a, b}, 100.0, 1.0).item<double>() == Approx(19.0).epsilon(1e-15));
+  // f32 gradients under max_norm keep their bits (they are multiplied by exactly 1).
+  Tensor d = param_of({0.0, 0.0, 0.0}, DType::f32);
+  const Tensor g32 = tensor_of({0.1, -0.3, 1e-30}, {}, DType::f32);
+  d.set_grad(g32.clone());
+  optim::clip_grad_norm_({d}, 1.0);
+  KILN_CHECK_EQUAL(d.grad(), g32);
+  CHECK(optim::clip_grad_norm_({c}, 1.0).item<double>() == 0.0);  // no gradients
+  CHECK_THROWS_WITH(optim::clip_grad_norm_({a}, -1.0), Catch::Matchers::Contains("max_norm"));
 }
