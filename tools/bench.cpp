@@ -1,6 +1,7 @@
 // kiln-bench: speed measured as ratios in one run. `kiln-bench ops` times single ops and
 // prints one JSON line each.
 #include <algorithm>
+#include <array>
 #include <ranges>
 #include <chrono>
 #include <cmath>
@@ -35,6 +36,12 @@ double time_ms(const std::function<void()>& f, int reps) {
     best = std::min(best, std::chrono::duration<double, std::milli>(t1 - t0).count());
   }
   return best;
+}
+
+// How this run's bf16 GEMMs go (kernels/cpu/gemm.h): figures compare across machines only
+// when they went the same way.
+const char* bf16_gemm_name() {
+  return cpu::bf16_gemm_path() == cpu::Bf16GemmPath::dot ? "avx512_bf16" : "convert_to_f32";
 }
 
 int bench_ops() {
@@ -72,17 +79,52 @@ int bench_ops() {
     }
     cpu::set_gemm_backend(original);
   }
-  {  // a ResNet-50-sized 3x3 convolution (layer1), forward and both backward ops
-    Tensor x = randn({8, 64, 56, 56}), w = randn({64, 64, 3, 3});
-    const Conv2dOptions opts{.padding = {1, 1}};
-    Tensor y = conv2d(x, w, {}, opts);
-    const double flop = 2.0 * 8 * 64 * 56 * 56 * 64 * 9;
-    const double fwd = time_ms([&] { Tensor t = conv2d(x, w, {}, opts); }, 5);
-    const double bwd_in = time_ms([&] { Tensor t = conv2d_backward_input(y, w, x.shape(), opts); }, 3);
-    const double bwd_w = time_ms([&] { Tensor t = conv2d_backward_weight(y, x, w.shape(), opts); }, 3);
-    fmt::print(R"({{"bench":"conv2d","input":[8,64,56,56],"weight":[64,64,3,3],"padding":1,"dtype":"f32","ms":{:.3f},"gflop_per_s":{:.1f},"backward_input_ms":{:.3f},"backward_weight_ms":{:.3f}}})" "\n",
-               fwd, flop / fwd / 1e6, bwd_in, bwd_w);
+  {  // bf16 against f32 in the same run: 1024^3 and a ResNet-50 fc-sized product
+    const std::vector<std::array<int64_t, 3>> sizes = {{1024, 1024, 1024}, {256, 1000, 2048}};
+    for (const auto& [m, n, k] : sizes) {
+      Tensor a = randn({m, k}), b = randn({k, n});
+      Tensor a16 = a.to(DType::bf16), b16 = b.to(DType::bf16);
+      const double flop = 2.0 * m * n * k;
+      const double f32 = time_ms([&] { Tensor c = matmul(a, b); }, 5);
+      const double bf16 = time_ms([&] { Tensor c = matmul(a16, b16); }, 5);
+      fmt::print(R"({{"bench":"matmul","m":{},"n":{},"k":{},"dtype":"bf16","bf16_gemm":"{}","ms":{:.3f},"gflop_per_s":{:.1f},"f32_ms":{:.3f},"speedup_vs_f32":{:.2f}}})" "\n",
+                 m, n, k, bf16_gemm_name(), bf16, flop / bf16 / 1e6, f32, f32 / bf16);
+    }
   }
+  // ResNet-50-sized 3x3 convolutions (layer1 and layer3), forward and both backward ops,
+  // in f32 and then in bf16 against it, NCHW and channels_last.
+  struct ConvBench {
+    Shape input, weight;
+  };
+  const std::vector<ConvBench> convs = {{{8, 64, 56, 56}, {64, 64, 3, 3}},
+                                        {{8, 256, 14, 14}, {256, 256, 3, 3}}};
+  for (const ConvBench& cb : convs)
+    for (const MemoryFormat format : {MemoryFormat::contiguous, MemoryFormat::channels_last}) {
+      const Conv2dOptions opts{.padding = {1, 1}};
+      const Tensor x32 = randn(cb.input).contiguous(format), w32 = randn(cb.weight);
+      const double flop = 2.0 * numel_of(cb.input) * cb.weight[0] * cb.weight[2] * cb.weight[3];
+      struct Times {
+        double fwd, bwd_in, bwd_w;
+      };
+      auto measure = [&](DType dtype) {
+        const Tensor x = x32.to(dtype), w = w32.to(dtype);
+        const Tensor y = conv2d(x, w, {}, opts);
+        return Times{time_ms([&] { Tensor t = conv2d(x, w, {}, opts); }, 5),
+                     time_ms([&] { Tensor t = conv2d_backward_input(y, w, x.shape(), opts); }, 3),
+                     time_ms([&] { Tensor t = conv2d_backward_weight(y, x, w.shape(), opts); }, 3)};
+      };
+      const Times f32 = measure(DType::f32);
+      const std::string layout = format == MemoryFormat::channels_last ? "channels_last" : "contiguous";
+      const std::string shapes = fmt::format(R"("input":[{}],"weight":[{}],"padding":1,"layout":"{}")",
+                                             fmt::join(cb.input, ","), fmt::join(cb.weight, ","), layout);
+      fmt::print(R"({{"bench":"conv2d",{},"dtype":"f32","ms":{:.3f},"gflop_per_s":{:.1f},"backward_input_ms":{:.3f},"backward_weight_ms":{:.3f}}})" "\n",
+                 shapes, f32.fwd, flop / f32.fwd / 1e6, f32.bwd_in, f32.bwd_w);
+      const Times bf16 = measure(DType::bf16);
+      fmt::print(R"({{"bench":"conv2d",{},"dtype":"bf16","bf16_gemm":"{}","ms":{:.3f},"gflop_per_s":{:.1f},"backward_input_ms":{:.3f},"backward_weight_ms":{:.3f},)"
+                 R"("speedup_vs_f32":{:.2f},"backward_input_speedup_vs_f32":{:.2f},"backward_weight_speedup_vs_f32":{:.2f}}})" "\n",
+                 shapes, bf16_gemm_name(), bf16.fwd, flop / bf16.fwd / 1e6, bf16.bwd_in, bf16.bwd_w,
+                 f32.fwd / bf16.fwd, f32.bwd_in / bf16.bwd_in, f32.bwd_w / bf16.bwd_w);
+    }
   return 0;
 }
 
@@ -155,6 +197,7 @@ struct TrainBenchOptions {
   bool profile = false;  // print where the compiled step's time goes (to stderr)
   bool channels_last = false;  // the batch (so eager's whole step) channels-last
   compiler::LayoutPolicy layout = compiler::LayoutPolicy::automatic;  // the compiled modes' layout pass
+  std::optional<DType> amp;  // also time the step with autocast to this dtype (f16: with a GradScaler)
 };
 
 struct TrainTiming {
@@ -328,6 +371,23 @@ int bench_train(const TrainBenchOptions& o) {
                        std::max<int64_t>(o.warmup, 3)});
     }
   }
+  // The autocast steps last, so that the compiled modes keep their indices: kiln-train's
+  // --amp step (tools/trainer.h, Precision), f16 with dynamic loss scaling.
+  const size_t amp_index = modes.size();
+  std::optional<optim::GradScaler> scaler;
+  if (o.amp == DType::f16) scaler.emplace(optim::GradScalerOptions{.device = device});
+  const train::Precision precision{o.amp, scaler ? &*scaler : nullptr};
+  std::optional<compiler::CompiledFunction> compiled_amp;
+  if (o.amp) {
+    modes.push_back({fmt::format("eager-amp-{}", name(*o.amp)),
+                     [&] { train::train_step(*model, sgd, accumulation, x, y, 0.0, precision); }, o.warmup});
+    if (o.compile) {
+      compiled_amp = compiler::compile(train::micro_step_function(*model, 0.0, precision), {.layout = o.layout});
+      modes.push_back({fmt::format("compiled-amp-{}", name(*o.amp)),
+                       [&] { train::train_step_compiled(*compiled_amp, sgd, accumulation, x, y, precision); },
+                       std::max<int64_t>(o.warmup, 2)});
+    }
+  }
   auto run = [&](Mode& m) {
     const auto t0 = std::chrono::steady_clock::now();
     m.step();
@@ -363,7 +423,7 @@ int bench_train(const TrainBenchOptions& o) {
   if (o.compile) {
     const CompiledFunction* functions[] = {nullptr, &*compiled, &*whole, &*split, graphed ? &*graphed : nullptr,
                                            tuned ? &*tuned : nullptr};
-    for (size_t i = 1; i < modes.size(); ++i) {
+    for (size_t i = 1; i < amp_index; ++i) {
       const CompiledFunction& f = *functions[i];
       std::string pieces =
           f.split_calls() > 0 ? fmt::format(R"(,"pieces":{},"piece_programs":{})", f.last_split().size(), f.piece_programs())
@@ -380,6 +440,20 @@ int bench_train(const TrainBenchOptions& o) {
     }
     if (o.profile) std::cerr << compiled->profile() << whole->profile() << split->profile();
     if (tuned) std::cerr << "max-autotune's launches:\n" << tuned->autotune_report();
+  }
+  if (o.amp) {
+    // The CPU's bf16 products run on AVX-512 BF16 where it has it (kernels/cpu/gemm.h).
+    const std::string path =
+        device.is_cpu() ? fmt::format(R"(,"bf16_gemm":"{}")", bf16_gemm_name()) : "";
+    for (size_t i = amp_index; i < modes.size(); ++i) {
+      const bool compiled_mode = i > amp_index;  // compiled-amp against the compiled f32 step
+      const TrainTiming& base = timing[compiled_mode ? 1 : 0];
+      line(modes[i].name.c_str(), timing[i],
+           fmt::format(R"({}{},"amp":"{}","loss_scaling":{},"speedup_vs_{}_f32":{:.3f},"peak_ratio_vs_{}_f32":{:.3f})",
+                       extra, path, name(*o.amp), scaler.has_value(), compiled_mode ? "compiled" : "eager",
+                       base.median_ms / timing[i].median_ms, compiled_mode ? "compiled" : "eager",
+                       timing[i].peak_mib / base.peak_mib));
+    }
   }
   if (o.profile && device.is_cuda()) profile_cuda_step([&] { train::train_step(*model, sgd, accumulation, x, y, 0.0); }, device);
   return 0;
@@ -580,6 +654,11 @@ TrainBenchOptions parse_train_options(int argc, char** argv) {
     else if (option == "--classes") o.classes = number();
     else if (option == "--steps") o.steps = number();
     else if (option == "--warmup") o.warmup = number();
+    else if (option == "--amp") {
+      if (value == "bf16") o.amp = DType::bf16;
+      else if (value == "f16" || value == "fp16") o.amp = DType::f16;
+      else fail("kiln-bench train: --amp {}: expected bf16 or fp16", value);
+    }
     else if (option == "--layout") {
       if (value == "auto") o.layout = compiler::LayoutPolicy::automatic;
       else if (value == "keep") o.layout = compiler::LayoutPolicy::keep;
@@ -611,7 +690,8 @@ int main(int argc, char** argv) {
     if (argc >= 2 && std::strcmp(argv[1], "mlp-block") == 0) return bench_mlp_block(parse_mlp_block_options(argc, argv));
     std::cerr << "usage: kiln-bench ops | train [options] | mlp-block [options]\n"
                  "  ops    GFLOP/s of a 1024^3 f32 matmul, GB/s of a 64M-element add against\n"
-                 "         memcpy, ms of a ResNet-50-sized conv2d; one JSON line each. --device cuda:\n"
+                 "         memcpy, ms of ResNet-50-sized conv2d ops; bf16 products and convolutions\n"
+                 "         with their speedup over f32; one JSON line each. --device cuda:\n"
                  "         GB/s of the generated elementwise kernels and a sum, TFLOP/s of cuBLAS products\n"
                  "  train  median step time, img/s and peak memory of training a zoo model on a\n"
                  "         synthetic batch: --arch resnet50 --batch 8 --micro-batch N --image-size 64\n"
@@ -619,6 +699,8 @@ int main(int argc, char** argv) {
                  "         the speedup and peak-memory ratios against eager measured in the same run]\n"
                  "         [--channels-last: the batch NHWC, so eager runs NHWC too] [--layout auto|keep|\n"
                  "         channels_last: where the compiled modes' layout pass runs convolutions NHWC]\n"
+                 "         [--amp bf16|fp16: kiln-train's --amp step too (fp16 with dynamic loss scaling),\n"
+                 "         eager and, with --compile, compiled, with speedups against the f32 steps]\n"
                  "  mlp-block  eager against compiled training step (forward, loss mean(y^2), backward) of\n"
                  "         y = x + fc2(gelu(fc1(layer_norm(x)))): --batch 256 --width 1024 --hidden 4*width\n"
                  "         --steps 10 --warmup 2 --micro-steps 1 (backward passes accumulated per step)\n"

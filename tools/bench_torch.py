@@ -14,6 +14,8 @@ with the compiled/eager ratios when both ran:
 Step times come from CUDA events around each step (wall clock on the CPU); peak_mib is
 torch.cuda.max_memory_allocated over the timed steps (null on the CPU); compile_s is the
 wall time of the first compiled step, tracing and code generation included (null in eager).
+--amp bf16|fp16 runs forward and loss under torch.autocast (fp16 with torch.amp.GradScaler),
+as kiln-bench train --amp does.
 --device cpu without sizes is a smoke test: batch 2, 32x32 images, 2 steps.
 --dry-run prints the plan as JSON and imports nothing.
 """
@@ -39,6 +41,8 @@ def parse_args(argv):
     p.add_argument("--modes", default="eager,compiled", help="comma-separated: eager, compiled")
     p.add_argument("--compile-budget-s", type=float, default=150.0,
                    help="give up on torch.compile when its first step takes longer (0: no limit)")
+    p.add_argument("--amp", default="none", choices=["none", "bf16", "fp16"],
+                   help="torch.autocast to this dtype around forward and loss; fp16 with torch.amp.GradScaler")
     p.add_argument("--no-tf32", action="store_true", help="plain f32 matmuls and convolutions")
     p.add_argument("--no-cudnn-benchmark", action="store_true", help="leave cudnn.benchmark off")
     p.add_argument("--dry-run", action="store_true", help="print the plan and exit")
@@ -85,11 +89,22 @@ def run_mode(torch, models, a, mode):
             raise RuntimeError(f"torch {torch.__version__} has no torch.compile")
         forward = torch.compile(model)
 
+    # Mixed precision as PyTorch's AMP recipe has it: autocast around forward and loss only;
+    # fp16 scales the loss (GradScaler), bf16 needs no scaling.
+    amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(a.amp)
+    scaler = torch.amp.GradScaler(device.type) if a.amp == "fp16" else None
+
     def step():
         optimizer.zero_grad(set_to_none=True)
-        loss = torch.nn.functional.cross_entropy(forward(x), y)
-        loss.backward()
-        optimizer.step()
+        with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+            loss = torch.nn.functional.cross_entropy(forward(x), y)
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            loss.backward()
+            optimizer.step()
         return loss
 
     def sync():
@@ -152,12 +167,13 @@ def run_mode(torch, models, a, mode):
         "min_step_ms": round(min(ms), 2), "max_step_ms": round(max(ms), 2),
         "steps": a.steps, "warmup": a.warmup, "device": a.device,
         "tf32": not a.no_tf32, "cudnn_benchmark": cuda and not a.no_cudnn_benchmark,
+        "amp": a.amp, "loss_scaling": scaler is not None,
         "loss_finite": math.isfinite(loss_value),
         "torch": torch.__version__,
     }
     if cuda:
         line["gpu"] = torch.cuda.get_device_name(device)
-    del forward, model, optimizer, x, y, loss
+    del forward, model, optimizer, x, y, loss, scaler
     if cuda:
         torch.cuda.empty_cache()
     return line
@@ -167,7 +183,7 @@ def main(argv):
     a = parse_args(argv)
     plan = {"plan": "bench_torch", "device": a.device, "arch": a.arch, "batch": a.batch,
             "image_size": a.image_size, "classes": a.classes, "steps": a.steps, "warmup": a.warmup,
-            "modes": a.modes, "compile_budget_s": a.compile_budget_s, "tf32": not a.no_tf32,
+            "modes": a.modes, "compile_budget_s": a.compile_budget_s, "tf32": not a.no_tf32, "amp": a.amp,
             "cudnn_benchmark": a.device == "cuda" and not a.no_cudnn_benchmark}
     if a.dry_run:
         print(json.dumps(plan))
@@ -198,7 +214,7 @@ def main(argv):
                 torch.cuda.empty_cache()
     if "eager" in lines and "compiled" in lines:
         eager, compiled = lines["eager"], lines["compiled"]
-        ratio = {"bench": "train", "impl": "pytorch", "mode": "compiled_vs_eager", "arch": a.arch,
+        ratio = {"bench": "train", "impl": "pytorch", "mode": "compiled_vs_eager", "amp": a.amp, "arch": a.arch,
                  "batch": a.batch, "image_size": a.image_size,
                  "speedup": round(eager["median_step_ms"] / compiled["median_step_ms"], 3)}
         if eager["peak_mib"] and compiled["peak_mib"]:

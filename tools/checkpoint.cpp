@@ -264,14 +264,14 @@ std::string fingerprint(const Config& c) {
   return fmt::format(
       "data={} arch={} epochs={} steps={} batch={} lr={} schedule={} warmup={} optimizer={} momentum={} "
       "nesterov={} weight_decay={} weight_decay_scope={} label_smoothing={} zero_init_residual={} image_size={} "
-      "pad={} seed={} train_samples={} synthetic={}x{}",
+      "pad={} seed={} train_samples={} synthetic={}x{} amp={} loss_scale={} clip_grad_norm={}",
       c.data, c.arch, c.epochs, c.steps, c.batch, c.lr, c.lr_schedule, c.warmup, c.optimizer, c.momentum, c.nesterov,
       c.weight_decay, c.weight_decay_scope, c.label_smoothing, c.zero_init_residual, c.image_size, c.pad, c.seed,
-      c.train_samples, c.synthetic_size, c.synthetic_classes);
+      c.train_samples, c.synthetic_size, c.synthetic_classes, c.amp, c.loss_scale, c.clip_grad_norm);
 }
 
 fs::path save_checkpoint(const fs::path& dir, const TrainingState& state, const nn::Module& model,
-                         const optim::Optimizer& optimizer) {
+                         const optim::Optimizer& optimizer, const optim::GradScaler* scaler) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   KILN_CHECK(!ec, "checkpoint: cannot create {}: {}", dir.string(), ec.message());
@@ -289,6 +289,8 @@ fs::path save_checkpoint(const fs::path& dir, const TrainingState& state, const 
   try {
     save_safetensors(model.state_dict(), (temporary / "model.safetensors").string());
     save_safetensors(optimizer.state_dict(), (temporary / "optimizer.safetensors").string());
+    if (scaler && scaler->is_enabled())
+      save_safetensors(scaler->state_dict(), (temporary / "grad_scaler.safetensors").string());
 
     const Generator& g = default_generator();
     SafetensorsMetadata m{{"format", kFormat},
@@ -329,7 +331,7 @@ fs::path save_checkpoint(const fs::path& dir, const TrainingState& state, const 
 }
 
 TrainingState load_checkpoint(const Config& config, int64_t batches_per_epoch, nn::Module& model,
-                              optim::Optimizer& optimizer) {
+                              optim::Optimizer& optimizer, optim::GradScaler* scaler) {
   const fs::path& dir = config.checkpoint_dir;
   remove_stale_temporaries(dir);
   const fs::path path = latest_folder(dir);
@@ -370,8 +372,15 @@ TrainingState load_checkpoint(const Config& config, int64_t batches_per_epoch, n
   const uint64_t generator_seed = meta_u64(m, "generator_seed", trainer_file);
   const uint64_t generator_offset = meta_u64(m, "generator_offset", trainer_file);
 
+  // The fingerprint holds --amp and --loss-scale, so a run with a scaler resumes from one.
+  const fs::path scaler_file = path / "grad_scaler.safetensors";
+  const bool scaled = scaler && scaler->is_enabled();
+  KILN_CHECK(!scaled || fs::exists(scaler_file), "checkpoint: {} is missing (the run scales its loss)",
+             scaler_file.string());
+  const StateDict scaler_state = scaled ? load_safetensors(scaler_file.string()) : StateDict();
   model.load_state_dict(load_safetensors((path / "model.safetensors").string()));
   optimizer.load_state_dict(load_safetensors((path / "optimizer.safetensors").string()));
+  if (scaled) scaler->load_state_dict(scaler_state);
   Generator& g = default_generator();
   g.manual_seed(generator_seed);
   g.set_offset(generator_offset);

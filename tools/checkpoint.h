@@ -1,7 +1,8 @@
 #pragma once
 // kiln-train's checkpoints: one folder per save, DIR/step-NNNNNNNN/ holding
-// model.safetensors, optimizer.safetensors and trainer.safetensors (the loop's position,
-// the random generator, the history), and DIR/latest naming the newest complete one.
+// model.safetensors, optimizer.safetensors, trainer.safetensors (the loop's position,
+// the random generator, the history) and, with a loss scaler, grad_scaler.safetensors, and
+// DIR/latest naming the newest complete one.
 //
 // A save never touches the folder `latest` names: the new folder is written under a
 // temporary name (NAME.tmp-PID), synced and renamed to a name no folder has, then `latest`
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "models/module.h"
+#include "optim/grad_scaler.h"
 #include "optim/optimizer.h"
 #include "tools/trainer.h"
 
@@ -44,7 +46,8 @@ std::string fingerprint(const Config& config);
 
 // Saves and returns the checkpoint's folder; also captures the default generator's state.
 std::filesystem::path save_checkpoint(const std::filesystem::path& dir, const TrainingState& state,
-                                      const nn::Module& model, const optim::Optimizer& optimizer);
+                                      const nn::Module& model, const optim::Optimizer& optimizer,
+                                      const optim::GradScaler* scaler = nullptr);
 
 // Loads the latest checkpoint of config.checkpoint_dir into model and optimizer, restores
 // the default generator and returns the state. Each of these is a kiln::Error naming the
@@ -53,10 +56,10 @@ std::filesystem::path save_checkpoint(const std::filesystem::path& dir, const Tr
 // settings (its fingerprint); and a stored field no run of config's settings, at
 // `batches_per_epoch` batches an epoch, could have saved (a micro-batch outside
 // [1, batch] or 1 for a model with batch norm, a position past the run's end, a history
-// that does not match the position), named too. Model, optimizer and generator are only
-// touched once these pass.
+// that does not match the position), named too; a scaler's file missing. Model, optimizer,
+// scaler and generator are only touched once these pass.
 TrainingState load_checkpoint(const Config& config, int64_t batches_per_epoch, nn::Module& model,
-                              optim::Optimizer& optimizer);
+                              optim::Optimizer& optimizer, optim::GradScaler* scaler = nullptr);
 
 // DIR's checkpoint folders, oldest first (by step, then generation).
 std::vector<std::filesystem::path> checkpoint_folders(const std::filesystem::path& dir);

@@ -231,6 +231,17 @@ else
       $KILN_BENCH_ARGS --steps 5 --warmup 2 --channels-last --layout channels_last
     collect_bench kiln
   fi
+  # Mixed precision (GPU_CHECK_SKIP_AMP=1 leaves it out): bf16 autocast, channels-last, batch
+  # 256, eager and compiled against f32 in the same run; and one fp16 + GradScaler line.
+  if [ "${GPU_CHECK_SKIP_AMP:-0}" != 1 ]; then
+    NOT_AVAILABLE_PATTERN='not available yet' run_step bench-kiln-bf16 240 - "$BUILD/bin/kiln-bench" train \
+      --arch resnet50 --batch 256 --image-size 224 --steps 5 --warmup 2 --device cuda --compile \
+      --channels-last --layout channels_last --amp bf16
+    collect_bench kiln
+    NOT_AVAILABLE_PATTERN='not available yet' run_step bench-kiln-fp16 120 - "$BUILD/bin/kiln-bench" train \
+      --arch resnet50 --batch 256 --image-size 224 --steps 5 --warmup 2 --device cuda --channels-last --amp fp16
+    collect_bench kiln
+  fi
   # Where the eager step's time goes (one step synchronized after every op; stderr table).
   run_step bench-kiln-profile 60 - "$BUILD/bin/kiln-bench" train --arch resnet50 --batch 128 --image-size 224 \
     --steps 2 --warmup 2 --device cuda --profile
@@ -251,6 +262,16 @@ else
   run_step bench-pytorch 240 - python3 "$ROOT/tools/bench_torch.py" --compile-budget-s "$COMPILE_BUDGET_S" \
     $TORCH_BENCH_ARGS
   collect_bench pytorch
+  if [ "${GPU_CHECK_SKIP_AMP:-0}" != 1 ]; then
+    # PyTorch's AMP at kiln's bf16 and fp16 lines' batch: torch.autocast(bfloat16), channels_last,
+    # eager and torch.compile; fp16 with torch.amp.GradScaler, eager.
+    run_step bench-pytorch-bf16 240 - python3 "$ROOT/tools/bench_torch.py" --compile-budget-s "$COMPILE_BUDGET_S" \
+      --device cuda --batch 256 --image-size 224 --steps 10 --warmup 3 --modes eager,compiled --amp bf16
+    collect_bench pytorch
+    run_step bench-pytorch-fp16 120 - python3 "$ROOT/tools/bench_torch.py" \
+      --device cuda --batch 256 --image-size 224 --steps 10 --warmup 3 --modes eager --amp fp16
+    collect_bench pytorch
+  fi
 fi
 
 # --- 6. The CPU tests of the core layer, on this machine's compiler (GPU_CHECK_CORE_TESTS=1) ---

@@ -68,6 +68,10 @@ void validate(const Config& c) {
   KILN_CHECK(one_of(c.weight_decay_scope, {"all", "no-norm-bias"}),
              "kiln-train: --weight-decay-scope {}: expected all or no-norm-bias", c.weight_decay_scope);
   KILN_CHECK(c.device == "cpu" || c.device == "cuda", "kiln-train: --device {}: expected cpu or cuda", c.device);
+  KILN_CHECK(one_of(c.amp, {"off", "bf16", "fp16", "auto"}), "kiln-train: --amp {}: expected off, bf16, fp16 or auto",
+             c.amp);
+  KILN_CHECK(one_of(c.loss_scale, {"auto", "dynamic", "none"}),
+             "kiln-train: --loss-scale {}: expected auto, dynamic or none", c.loss_scale);
   KILN_CHECK(!c.compile || one_of(c.compile_mode, {"default", "reduce-overhead", "max-autotune"}),
              "kiln-train: --compile {}: expected default, reduce-overhead or max-autotune", c.compile_mode);
 
@@ -113,6 +117,8 @@ void validate(const Config& c) {
              "kiln-train: --momentum {} must be a finite number, 0 or more", c.momentum);
   KILN_CHECK(std::isfinite(c.weight_decay) && c.weight_decay >= 0,
              "kiln-train: --weight-decay {} must be a finite number, 0 or more", c.weight_decay);
+  KILN_CHECK(std::isfinite(c.clip_grad_norm) && c.clip_grad_norm >= 0,
+             "kiln-train: --clip-grad-norm {} must be a finite number, 0 (off) or more", c.clip_grad_norm);
   KILN_CHECK(c.label_smoothing >= 0 && c.label_smoothing <= 1, "kiln-train: --label-smoothing {} must be in [0, 1]",
              c.label_smoothing);
 
@@ -123,6 +129,8 @@ void validate(const Config& c) {
   KILN_CHECK(!c.channels_last || c.arch != "mlp",
              "kiln-train: --channels-last needs a convolutional --arch (the mlp flattens its input)");
   KILN_CHECK(!c.resume || !c.checkpoint_dir.empty(), "kiln-train: --resume needs --checkpoint DIR");
+  KILN_CHECK(c.loss_scale != "dynamic" || c.amp != "off",
+             "kiln-train: --loss-scale dynamic needs --amp (f32 gradients do not underflow)");
 }
 
 std::vector<std::string> pytorch_differences(const Config& c) {
@@ -184,7 +192,13 @@ run:
   --compile [MODE]     run forward, loss and backward compiled (kiln::compile; MODE: default,
                        reduce-overhead (CUDA graphs) or max-autotune (and timed launches))  [default]
   --channels-last      NHWC batches: eager and compiled steps run their convolution region NHWC
-  --amp                not available yet (a later issue)
+  --amp off|bf16|fp16|auto
+                       mixed precision: autocast runs GEMMs and convolutions in bf16 or f16
+                       (weights and their gradients stay f32); auto picks bf16 on the CPU and on
+                       GPUs from compute capability 8.0, fp16 with loss scaling before  [off]
+  --loss-scale auto|dynamic|none
+                       dynamic loss scaling (optim::GradScaler); auto: with fp16 only  [auto]
+  --clip-grad-norm X   clip the gradients' total 2-norm to X before each step (0: off)  [0]
   --help
 progress: the epoch's running mean loss, images per second and the time left of the whole run.
 A step whose loss is not finite stops the run with an error naming it.
@@ -231,9 +245,12 @@ Config parse_args(int argc, const char* const* argv) {
       {"--plot", [&](auto&, auto& v) { c.plot_file = v; }},
       {"--print-every", [&](auto& o, auto& v) { c.print_every = parse_int(o, v); }},
       {"--cache-dir", [&](auto&, auto& v) { c.cache_dir = v; }},
+      {"--amp", [&](auto&, auto& v) { c.amp = v; }},
+      {"--loss-scale", [&](auto&, auto& v) { c.loss_scale = v; }},
+      {"--clip-grad-norm", [&](auto& o, auto& v) { c.clip_grad_norm = parse_double(o, v); }},
   };
   const std::map<std::string, bool*> flags = {
-      {"--amp", &c.amp}, {"--channels-last", &c.channels_last}, {"--resume", &c.resume},
+      {"--channels-last", &c.channels_last}, {"--resume", &c.resume},
       {"--skip-bad-images", &c.skip_bad_images}, {"--nesterov", &c.nesterov},
       {"--zero-init-residual", &c.zero_init_residual}};
 

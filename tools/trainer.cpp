@@ -13,6 +13,7 @@
 #include <optional>
 #include <ostream>
 
+#include "core/autocast.h"
 #include "core/cuda.h"
 #include "core/disk_cache.h"
 #include "core/error.h"
@@ -32,6 +33,7 @@
 #include "models/safetensors.h"
 #include "models/small_models.h"
 #include "optim/adamw.h"
+#include "optim/clip.h"
 #include "optim/lr_schedule.h"
 #include "optim/sgd.h"
 #include "tools/checkpoint.h"
@@ -173,7 +175,6 @@ std::shared_ptr<optim::LRSchedule> make_schedule(const Config& c, int64_t total_
 
 // What validate() cannot see: the features not built yet and this machine's devices.
 void check_available(const Config& c) {
-  KILN_CHECK(!c.amp, "kiln-train: --amp is not available yet: mixed precision has not landed; train in f32");
   KILN_CHECK(c.device == "cpu" || cuda::is_available(), "kiln-train: --device cuda: CUDA is not available: {}",
              cuda::unavailable_reason());
   KILN_CHECK(c.device == "cpu" || !c.micro_batch_auto,
@@ -276,12 +277,47 @@ std::shared_ptr<nn::Module> make_model(const std::string& arch, int64_t classes,
   fail("kiln-train: --arch {}: expected resnet18, resnet34, resnet50, resnet101, resnet152, mlp or cnn", arch);
 }
 
-compiler::TracedFunction micro_step_function(nn::Module& model, double label_smoothing) {
+AmpChoice choose_amp(const Config& c) {
+  AmpChoice choice;
+  if (c.amp == "off") {
+    choice.why = "f32";
+  } else if (c.amp == "bf16" || c.amp == "fp16") {
+    choice.dtype = c.amp == "bf16" ? DType::bf16 : DType::f16;
+    choice.why = fmt::format("--amp {}", c.amp);
+  } else if (c.device == "cpu") {
+    choice.dtype = DType::bf16;
+    choice.why = "--amp auto on the CPU: bf16 (f16 has no fast CPU path, and bf16 needs no loss scaling)";
+  } else {
+    const cuda::DeviceProperties props = cuda::device_properties(0);
+    const int major = props.major, minor = props.minor;
+    const bool bf16 = major >= 8;
+    choice.dtype = bf16 ? DType::bf16 : DType::f16;
+    choice.why = fmt::format(
+        "--amp auto on a GPU of compute capability {}.{}: {}", major, minor,
+        bf16 ? "bf16 (tensor cores for bf16 from 8.0; f32's range, so no loss scaling)"
+             : "fp16 with dynamic loss scaling (no bf16 tensor cores before 8.0)");
+  }
+  choice.loss_scaling = c.loss_scale == "dynamic" || (c.loss_scale == "auto" && choice.dtype == DType::f16);
+  if (choice.dtype && c.loss_scale != "auto")
+    choice.why += fmt::format(", --loss-scale {}", c.loss_scale);
+  return choice;
+}
+
+compiler::TracedFunction micro_step_function(nn::Module& model, double label_smoothing, const Precision& precision) {
   const bool flatten_input = dynamic_cast<models::MLP*>(&model) != nullptr;
-  return [&model, label_smoothing, flatten_input](const std::vector<Tensor>& args) -> std::vector<Tensor> {
-    Tensor logits = model(flatten_input ? args[0].flatten(1) : args[0]);
-    Tensor loss = cross_entropy(logits, args[1], {.label_smoothing = label_smoothing});
-    (loss * args[2].to(loss.dtype())).backward();
+  return [&model, label_smoothing, flatten_input, precision](const std::vector<Tensor>& args) -> std::vector<Tensor> {
+    Tensor logits, loss;
+    {
+      // Forward and loss under autocast; backward outside it, as PyTorch recommends (its ops
+      // run in the dtypes their forward chose).
+      autocast amp({.device_type = args[0].device().type,
+                    .dtype = precision.autocast,
+                    .enabled = precision.autocast.has_value()});
+      logits = model(flatten_input ? args[0].flatten(1) : args[0]);
+      loss = cross_entropy(logits, args[1], {.label_smoothing = label_smoothing});
+    }
+    const Tensor weighted = loss * args[2].to(loss.dtype());
+    (precision.scaler ? precision.scaler->scale(weighted) : weighted).backward();
     NoGradGuard no_grad;
     return {loss.detach(), sum(eq(argmax(logits.detach(), 1), args[1]))};
   };
@@ -291,8 +327,26 @@ namespace {
 
 // One optimizer step whose micro-steps run through `micro_step` (micro_step_function, run
 // eagerly or compiled).
+// The optimizer's step after the last micro-step: unscale (once), clip, step, update.
+void finish_step(optim::Optimizer& optimizer, const Precision& precision) {
+  if (precision.clip_grad_norm > 0) {
+    if (precision.scaler) precision.scaler->unscale_(optimizer);
+    std::vector<Tensor> params;
+    for (const optim::ParamGroup& group : optimizer.param_groups())
+      params.insert(params.end(), group.params.begin(), group.params.end());
+    optim::clip_grad_norm_(params, precision.clip_grad_norm);
+  }
+  if (precision.scaler) {
+    precision.scaler->step(optimizer);
+    precision.scaler->update();
+  } else {
+    optimizer.step();
+  }
+}
+
 StepStats run_step(const compiler::TracedFunction& micro_step, optim::Optimizer& optimizer,
-                   const optim::Accumulation& accumulation, const Tensor& input, const Tensor& target) {
+                   const optim::Accumulation& accumulation, const Tensor& input, const Tensor& target,
+                   const Precision& precision) {
   StepStats stats;
   const auto sizes = optim::balanced_sizes(input.size(0), accumulation.options().micro_batch);
   for (const optim::MicroBatch& micro : accumulation.split(input, target, sizes)) {
@@ -304,7 +358,7 @@ StepStats run_step(const compiler::TracedFunction& micro_step, optim::Optimizer&
     stats.correct += out[1].item<int64_t>();
     stats.samples += micro.size;
   }
-  optimizer.step();
+  finish_step(optimizer, precision);
   optimizer.zero_grad();
   return stats;
 }
@@ -312,20 +366,23 @@ StepStats run_step(const compiler::TracedFunction& micro_step, optim::Optimizer&
 }  // namespace
 
 StepStats train_step(nn::Module& model, optim::Optimizer& optimizer, const optim::Accumulation& accumulation,
-                     const Tensor& input, const Tensor& target, double label_smoothing) {
-  return run_step(micro_step_function(model, label_smoothing), optimizer, accumulation, input, target);
+                     const Tensor& input, const Tensor& target, double label_smoothing, const Precision& precision) {
+  return run_step(micro_step_function(model, label_smoothing, precision), optimizer, accumulation, input, target,
+                  precision);
 }
 
 StepStats train_step_compiled(compiler::CompiledFunction& compiled, optim::Optimizer& optimizer,
-                              const optim::Accumulation& accumulation, const Tensor& input, const Tensor& target) {
+                              const optim::Accumulation& accumulation, const Tensor& input, const Tensor& target,
+                              const Precision& precision) {
   return run_step([&compiled](const std::vector<Tensor>& args) { return compiled(args); }, optimizer, accumulation,
-                  input, target);
+                  input, target, precision);
 }
 
 compiler::TracedFunction whole_step_function(nn::Module& model, optim::Optimizer& optimizer,
-                                             const optim::Accumulation& accumulation, double label_smoothing) {
-  return [micro_step = micro_step_function(model, label_smoothing), &optimizer,
-          accumulation](const std::vector<Tensor>& args) -> std::vector<Tensor> {
+                                             const optim::Accumulation& accumulation, double label_smoothing,
+                                             const Precision& precision) {
+  return [micro_step = micro_step_function(model, label_smoothing, precision), &optimizer, accumulation,
+          precision](const std::vector<Tensor>& args) -> std::vector<Tensor> {
     // In place: clearing .grad to none inside a compiled function would change its guard.
     optimizer.zero_grad(/*set_to_none=*/false);
     Tensor loss_sum, correct_sum;
@@ -338,7 +395,7 @@ compiler::TracedFunction whole_step_function(nn::Module& model, optim::Optimizer
       loss_sum = loss_sum.defined() ? loss_sum + weighted : weighted;
       correct_sum = correct_sum.defined() ? correct_sum + out[1] : out[1];
     }
-    optimizer.step();
+    finish_step(optimizer, precision);
     return {loss_sum, correct_sum};
   };
 }
@@ -402,6 +459,18 @@ Result run(const Config& c, std::ostream& out) {
   const Device device = c.device == "cuda" ? Device::cuda() : Device::cpu();
   const MemoryFormat format = c.channels_last ? MemoryFormat::channels_last : MemoryFormat::contiguous;
   model->to(device);
+  if (device.is_cuda()) {
+    // As PyTorch users are told to: TF32 tensor cores for f32 products and convolutions,
+    // and cuDNN's algorithm search for the run's fixed shapes.
+    cuda::set_allow_tf32(true);
+    cuda::set_cudnn_benchmark(true);
+  }
+  const AmpChoice amp = choose_amp(c);
+  std::optional<optim::GradScaler> scaler;
+  // Made on the device now, not at its first use: a compiled micro-step must find the scale
+  // tensor there before it is traced.
+  if (amp.loss_scaling) scaler.emplace(optim::GradScalerOptions{.device = device});
+  const Precision precision{amp.dtype, scaler ? &*scaler : nullptr, c.clip_grad_norm};
   // Batch norm in training mode rejects a batch of one sample (one value per channel at
   // the last stage), so a last batch of one is dropped, as PyTorch users do with drop_last.
   const bool batch_norm = has_batch_norm(*model);
@@ -435,7 +504,7 @@ Result run(const Config& c, std::ostream& out) {
              "training", c.arch);
   TrainingState state;
   if (c.resume) {
-    state = load_checkpoint(c, per_epoch, *model, *optimizer);  // checks the fingerprint first
+    state = load_checkpoint(c, per_epoch, *model, *optimizer, scaler ? &*scaler : nullptr);  // checks the fingerprint first
     scheduler.set_step(state.step);
     micro = state.micro_batch;
     result.epochs = state.epochs;
@@ -466,10 +535,11 @@ Result run(const Config& c, std::ostream& out) {
     // the update too (whole_step_function) updates in place but was no faster on the CPU
     // (ResNet-50, kiln-bench train --compile: 1.02-1.05x eager against 1.08-1.13x for the
     // micro-steps) and holds the gradients through the step (1.07x eager's peak).
-    compiled = compiler::compile(micro_step_function(*model, c.label_smoothing), options);
+    compiled = compiler::compile(micro_step_function(*model, c.label_smoothing, precision), options);
     // Validation too: the forward in eval mode, no grad (guards of their own).
     compiled_eval = compiler::compile(
-        [&model, arch = c.arch, format](const std::vector<Tensor>& batch) {
+        [&model, arch = c.arch, format, dtype = amp.dtype](const std::vector<Tensor>& batch) {
+          autocast scope({.device_type = batch[0].device().type, .dtype = dtype, .enabled = dtype.has_value()});
           return eval_batch(*model, arch, format, batch);
         },
         options);
@@ -490,6 +560,8 @@ Result run(const Config& c, std::ostream& out) {
     if (drop_last) differences.push_back("drops each epoch's last batch of 1 sample (batch norm)");
     out << fmt::format("  differs from PyTorch's defaults: {}\n",
                        differences.empty() ? std::string("nothing") : fmt::format("{}", fmt::join(differences, ", ")));
+    out << fmt::format("  precision: {}{}{}\n", amp.why, amp.loss_scaling ? ", dynamic loss scaling" : "",
+                       c.clip_grad_norm > 0 ? fmt::format(", gradients clipped to norm {}", c.clip_grad_norm) : "");
     if (c.resume)
       out << fmt::format("  resumed at step {} (epoch {}, batch {})\n", state.step, state.epoch + 1, state.batch);
   }
@@ -511,7 +583,7 @@ Result run(const Config& c, std::ostream& out) {
     s.fingerprint = fingerprint(c);
     s.epochs = result.epochs;
     s.step_losses = result.step_losses;
-    result.checkpoint = save_checkpoint(dir, s, *model, *optimizer);
+    result.checkpoint = save_checkpoint(dir, s, *model, *optimizer, scaler ? &*scaler : nullptr);
   };
 
   int64_t steps_this_run = 0;
@@ -527,8 +599,9 @@ Result run(const Config& c, std::ostream& out) {
     for (data::Batch& batch : train_loader.epoch(epoch, start)) {
       const auto t0 = Clock::now();
       const Tensor input = batch.input.to(device).contiguous(format), target = batch.target.to(device);
-      const StepStats s = compiled ? train_step_compiled(*compiled, *optimizer, accumulation, input, target)
-                                   : train_step(*model, *optimizer, accumulation, input, target, c.label_smoothing);
+      const StepStats s =
+          compiled ? train_step_compiled(*compiled, *optimizer, accumulation, input, target, precision)
+                   : train_step(*model, *optimizer, accumulation, input, target, c.label_smoothing, precision);
       const double lr = optimizer->param_groups().front().lr();
       scheduler.step();
       ++step;
@@ -541,13 +614,14 @@ Result run(const Config& c, std::ostream& out) {
       result.step_losses.push_back(s.loss);
       const double images_per_second = s.samples / std::max(seconds_since(t0), 1e-9);
       if (log.is_open())
-        log << fmt::format(R"({{"step":{},"epoch":{},"loss":{},"lr":{},"img_per_s":{:.1f},"accuracy":{}}})", step,
+        log << fmt::format(R"({{"step":{},"epoch":{},"loss":{},"lr":{},"img_per_s":{:.1f},"accuracy":{}{}}})", step,
                            epoch + 1, json_number(s.loss), json_number(lr), images_per_second,
-                           json_number(static_cast<double>(s.correct) / s.samples))
+                           json_number(static_cast<double>(s.correct) / s.samples),
+                           scaler ? fmt::format(R"(,"loss_scale":{})", json_number(scaler->get_scale())) : "")
             << '\n'
             << std::flush;
       // Nothing can be learnt past a NaN or infinite loss (the weights it updated are lost
-      // too; there is no loss scaler to skip the step yet).
+      // too; a loss scaler skips steps whose gradients overflow, not a loss that did).
       if (!std::isfinite(s.loss)) {
         progress.finish();
         fail("kiln-train: step {} (epoch {}, batch {} of {}): the loss is {}; stopped (a smaller --lr, or "
@@ -577,6 +651,7 @@ Result run(const Config& c, std::ostream& out) {
                        .train_accuracy = seen ? static_cast<double>(correct) / seen : 0,
                        .images_per_second = seen_now / std::max(seconds_since(epoch_start), 1e-9)};
     if (val_loader) {
+      autocast scope({.device_type = device.type, .dtype = amp.dtype, .enabled = amp.dtype.has_value()});
       const Evaluation e =
           evaluate(*model, *val_loader, c.arch, device, format, compiled_eval ? &*compiled_eval : nullptr);
       record.val_loss = e.loss;

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <iosfwd>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,7 @@
 #include "models/module.h"
 #include "models/state_dict.h"
 #include "optim/accumulation.h"
+#include "optim/grad_scaler.h"
 #include "optim/optimizer.h"
 
 namespace kiln::train {
@@ -51,7 +53,9 @@ struct Config {
   std::string device = "cpu";
   bool compile = false;  // run each micro-step (forward, loss, backward, accumulation) compiled
   std::string compile_mode = "default";  // kiln::compile's mode
-  bool amp = false;
+  std::string amp = "off";          // off | bf16 | fp16 | auto: the dtype autocast runs GEMMs and convolutions in
+  std::string loss_scale = "auto";  // auto (dynamic with fp16, none otherwise) | dynamic | none
+  double clip_grad_norm = 0;        // clip the gradients' total 2-norm to this before each step (0: off)
   bool channels_last = false;
   uint64_t seed = 0;
   std::filesystem::path checkpoint_dir;  // empty: no checkpoints (Ctrl-C still saves one)
@@ -109,8 +113,7 @@ struct Result {
 };
 
 // Trains as the config says, writing progress to `out`. Throws kiln::Error for bad
-// configurations and for features that are not available yet (--amp), and --device cuda
-// where CUDA is not available.
+// configurations, and --device cuda where CUDA is not available.
 Result run(const Config& config, std::ostream& out);
 
 // Asks a running run() to stop after the current optimizer step and save a checkpoint
@@ -133,33 +136,58 @@ struct RunLength {
 };
 RunLength run_length(const Config& config, int64_t per_epoch);
 
+// Mixed precision of a step: the dtype autocast lowers GEMMs and convolutions to (none:
+// f32 throughout), the loss scaler (null: none) and gradient clipping (0: off).
+struct Precision {
+  std::optional<DType> autocast;
+  optim::GradScaler* scaler = nullptr;
+  double clip_grad_norm = 0;
+};
+// What --amp and --loss-scale choose on `device` ("cpu" or "cuda"): `auto` is bf16 on the
+// CPU and on GPUs of compute capability 8.0 and newer (bf16 has f32's range: no scaler
+// needed), fp16 before (no bf16 tensor cores) with the scaler. `why` says so in words.
+struct AmpChoice {
+  std::optional<DType> dtype;
+  bool loss_scaling = false;
+  std::string why;
+};
+AmpChoice choose_amp(const Config& config);
+
 // One optimizer step on a global batch, cut into balanced micro-batches of at most
 // accumulation's micro_batch samples (optim::balanced_sizes): returns
-// the global batch's mean loss and the number of correct top-1 predictions.
+// the global batch's mean loss and the number of correct top-1 predictions. With a scaler,
+// each micro-step's loss is scaled and the gradients are unscaled once, before clipping
+// and the step; a step whose gradients overflowed is skipped.
 struct StepStats {
   double loss = 0;
   int64_t correct = 0;
   int64_t samples = 0;
 };
 StepStats train_step(nn::Module& model, optim::Optimizer& optimizer, const optim::Accumulation& accumulation,
-                     const Tensor& input, const Tensor& target, double label_smoothing);
+                     const Tensor& input, const Tensor& target, double label_smoothing,
+                     const Precision& precision = {});
 
 // The micro-step as a function kiln::compile can trace: args {input, target, weight (0-d
 // f64)} -> {loss (0-d, the micro-batch's mean), correct (0-d i64)}; it runs backward() on
-// loss * weight, accumulating into the parameters' .grad. It refers to `model` (and
-// whole_step_function also to `optimizer`), which must outlive it. train_step runs it
+// loss * weight (times the scaler's scale), accumulating into the parameters' .grad, with
+// the forward under autocast when precision says so. It refers to `model` and the scaler
+// (and whole_step_function also to `optimizer`), which must outlive it. train_step runs it
 // eagerly.
-compiler::TracedFunction micro_step_function(nn::Module& model, double label_smoothing);
+compiler::TracedFunction micro_step_function(nn::Module& model, double label_smoothing,
+                                             const Precision& precision = {});
 // The whole optimizer step as one function kiln::compile can trace: args {input, target}
 // -> {loss (0-d f64: the global batch's mean), correct (0-d i64)}: zero the gradients
 // (in place), the micro-steps of `accumulation` (balanced sizes), the optimizer's update.
 // The optimizer's first step creates its state and must run eagerly before compiling.
 compiler::TracedFunction whole_step_function(nn::Module& model, optim::Optimizer& optimizer,
-                                             const optim::Accumulation& accumulation, double label_smoothing);
+                                             const optim::Accumulation& accumulation, double label_smoothing,
+                                             const Precision& precision = {});
 
-// train_step with each micro-step run by `compiled` (made from micro_step_function).
+// train_step with each micro-step run by `compiled` (made from micro_step_function with the
+// same precision).
 StepStats train_step_compiled(compiler::CompiledFunction& compiled, optim::Optimizer& optimizer,
-                              const optim::Accumulation& accumulation, const Tensor& input, const Tensor& target);
+                              const optim::Accumulation& accumulation, const Tensor& input, const Tensor& target,
+                              const Precision& precision = {});
 
 // Peak bytes of one forward and backward of `micro_batch` samples shaped `sample_shape`
 // (model state and gradients are restored afterwards), for choose_micro_batch.

@@ -82,7 +82,7 @@ TEST_CASE("train args: values flags and sizes", "[trainer]") {
   CHECK(parse({"--memory-budget", "512M"}).memory_budget == (int64_t{512} << 20));
   CHECK(parse({"--memory-budget", "64k"}).memory_budget == (int64_t{64} << 10));
   CHECK(parse({"--memory-budget", "1000000"}).memory_budget == 1000000);
-  const train::Config later = parse({"--compile", "--amp", "--channels-last"});
+  const train::Config later = parse({"--compile", "--amp", "bf16", "--channels-last"});
   CHECK(later.compile);
   CHECK(later.compile_mode == "default");
   const train::Config moded = parse({"--compile", "default", "--epochs", "2"});
@@ -90,7 +90,17 @@ TEST_CASE("train args: values flags and sizes", "[trainer]") {
   CHECK(moded.epochs == 2);
   CHECK(parse({"--compile=max-autotune"}).compile_mode == "max-autotune");
   CHECK(parse({"--compile", "--epochs", "3"}).epochs == 3);  // no mode: the next option is not eaten
-  CHECK(later.amp);
+  CHECK(later.amp == "bf16");
+  CHECK(later.loss_scale == "auto");
+  const train::Config scaled = parse({"--amp=fp16", "--loss-scale", "dynamic", "--clip-grad-norm", "1.5"});
+  CHECK(scaled.amp == "fp16");
+  CHECK(scaled.loss_scale == "dynamic");
+  CHECK(scaled.clip_grad_norm == 1.5);
+  CHECK_THROWS_WITH(parse({"--amp", "f8"}), Contains("--amp f8") && Contains("bf16"));
+  CHECK_THROWS_WITH(parse({"--amp"}), Contains("--amp needs a value"));
+  CHECK_THROWS_WITH(parse({"--loss-scale", "static"}), Contains("--loss-scale static"));
+  CHECK_THROWS_WITH(parse({"--loss-scale", "dynamic"}), Contains("needs --amp"));
+  CHECK_THROWS_WITH(parse({"--clip-grad-norm", "-1"}), Contains("--clip-grad-norm -1"));
   CHECK(later.channels_last);
   CHECK_FALSE(later.skip_bad_images);
   CHECK(parse({"--skip-bad-images"}).skip_bad_images);
