@@ -25,9 +25,10 @@ Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, doubl
                "clip_grad_norm_: gradients on {} and {}; clip the parameters of one device at a time",
                grads[0].device().str(), g.device().str());
     grads.push_back(g.detach());
-    // Each gradient's norm in f64: the total of many squares keeps its digits, as the host
-    // sum it replaced did.
-    norms.push_back(norm(g.detach().to(DType::f64), norm_type));
+    // Each gradient's norm (the kernels accumulate in f64 and round once), then in f64; f16
+    // gradients in f32 first, whose norm could pass f16's largest number.
+    const Tensor d = g.dtype() == DType::f16 ? g.detach().to(DType::f32) : g.detach();
+    norms.push_back(norm(d, norm_type).to(DType::f64));
   }
   if (grads.empty()) return zeros({}, {.dtype = DType::f64});
   const Tensor total = norms.size() == 1 ? norms[0] : norm(stack(norms), norm_type);
