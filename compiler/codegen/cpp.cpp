@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "compiler/codegen/render.h"
+#include "kernels/cpu/wide.h"
 
 namespace kiln::compiler::codegen {
 namespace {
@@ -18,6 +19,13 @@ class CppRenderer : KernelRenderer {
     out_ += fmt::format("// kiln kernel {}: generated from the kernel IR; depends on structure only.\n",
                         k_.name);
     out_ += "#include <cstdint>\n#include \"core/half.h\"\n#include \"kernels/scalar.h\"\n\n";
+    if (uses_16bit_floats() && cpu::wide_loops()) {
+      // As the eager 16-bit loops (kernels/cpu/loops.h): the per-element conversions need
+      // AVX-512's 16 lanes to keep up with f32, and no contraction into FMAs, whose
+      // rounding would differ from eager results.
+      out_ += "#pragma GCC target(\"avx512f,avx512bw,avx512vl,avx512dq\")\n";
+      out_ += "#pragma GCC optimize(\"fp-contract=off\")\n\n";
+    }
     out_ += fmt::format("extern \"C\" void {}(void* const* buffers, const int64_t* args) {{\n",
                         cpp_symbol(k_));
     for (size_t b = 0; b < k_.buffers.size(); ++b) {
@@ -69,6 +77,14 @@ class CppRenderer : KernelRenderer {
   }
 
  private:
+  bool uses_16bit_floats() const {
+    for (const Buffer& buf : k_.buffers)
+      if (is_reduced_float(buf.dtype)) return true;
+    for (const Expr& x : k_.exprs)
+      if (is_reduced_float(x.dtype)) return true;
+    return false;
+  }
+
   void omp(int depth, int32_t loops) {
     if (loops <= 0) return;
     const std::string collapse = loops > 1 ? fmt::format(" collapse({})", loops) : "";

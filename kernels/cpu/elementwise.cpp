@@ -1,6 +1,9 @@
 // CPU kernels of the elementwise ops, each a loop over a function of kernels/scalar.h.
 #include "kernels/cpu/elementwise.h"
 
+#include <cstdint>
+#include <type_traits>
+
 #include "core/ops/elementwise_table.h"
 #include "kernels/cpu/loops.h"
 #include "kernels/scalar.h"
@@ -141,12 +144,26 @@ void clamp(Span in, Span out, const Attrs& attrs) {
   });
 }
 
+// The unsigned integer of T's size.
+template <class T>
+using bits_t = std::conditional_t<sizeof(T) == 1, uint8_t,
+               std::conditional_t<sizeof(T) == 2, uint16_t,
+               std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>>>;
+
+// where picks bit patterns with a mask: no conversion of 16-bit values, and no branch on
+// the condition (a branch per element ran 30x slower than a copy on random masks).
 void where(Span in, Span out, const Attrs&) {
   const DType c = compute_dtype(in.subspan(1), false);
   into(out[0], c, [&](const Tensor& o) {
     visit_dtype(c, [&]<class T>() {
-      map<T, bool, T, T>(o, [](bool k, auto a, auto b) { return k ? a : b; },
-                         in[0], as_dtype(in[1], c), as_dtype(in[2], c));
+      using U = bits_t<T>;
+      static_assert(sizeof(U) == sizeof(T));
+      // The condition read as bytes (bools are 0 or 1): GCC does not vectorize the loop
+      // with a bool operand.
+      map<U, uint8_t, U, U>(o, [](uint8_t k, U a, U b) {
+        const U m = static_cast<U>(U(0) - static_cast<U>(k));
+        return static_cast<U>((a & m) | (b & static_cast<U>(~m)));
+      }, in[0], as_dtype(in[1], c), as_dtype(in[2], c));
     });
   });
 }

@@ -3,13 +3,16 @@
 // one iteration space, dims are reordered so the output's innermost dim is innermost,
 // adjacent dims that stay contiguous in every operand are merged, and the range is split
 // among threads. The inner loop has a contiguous fast path the compiler vectorizes.
+#include <algorithm>
 #include <array>
 #include <cstring>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 
 #include "core/tensor.h"
 #include "kernels/cpu/parallel.h"
+#include "kernels/cpu/wide.h"
 
 namespace kiln::cpu {
 
@@ -124,43 +127,100 @@ template <class T> inline T load_as(const char* p) {
   return v;
 }
 
+namespace detail {
+
+// The loops of map over a contiguous range: every operand dense (scalar_input < 0), or
+// input scalar_input a broadcast scalar whose value is hoisted so the loop still vectorizes.
+template <class Out, class... In, class F>
+[[gnu::always_inline]] inline void map_dense_body(char* const* p, int64_t n, int scalar_input, F& f) {
+  Out* o = reinterpret_cast<Out*>(p[0]);
+  // always_inline on the lambda too: left out of line, it stays in the plain build.
+  [&]<size_t... I>(std::index_sequence<I...>) __attribute__((always_inline)) {
+    std::tuple<const In*...> ptrs{reinterpret_cast<const In*>(p[I + 1])...};
+    if constexpr (sizeof...(In) == 2) {
+      using A = std::tuple_element_t<0, std::tuple<In...>>;
+      using B = std::tuple_element_t<1, std::tuple<In...>>;
+      if (scalar_input == 1) {
+        const auto b = static_cast<compute_t<B>>(*std::get<1>(ptrs));
+        for (int64_t i = 0; i < n; ++i) o[i] = static_cast<Out>(f(static_cast<compute_t<A>>(std::get<0>(ptrs)[i]), b));
+        return;
+      }
+      if (scalar_input == 0) {
+        const auto a = static_cast<compute_t<A>>(*std::get<0>(ptrs));
+        for (int64_t i = 0; i < n; ++i) o[i] = static_cast<Out>(f(a, static_cast<compute_t<B>>(std::get<1>(ptrs)[i])));
+        return;
+      }
+    }
+    for (int64_t i = 0; i < n; ++i)
+      o[i] = static_cast<Out>(f(static_cast<compute_t<In>>(std::get<I>(ptrs)[i])...));
+  }(std::index_sequence_for<In...>{});
+}
+
+template <class Out, class... In, class F>
+void map_dense(char* const* p, int64_t n, int scalar_input, F& f) {
+  map_dense_body<Out, In...>(p, n, scalar_input, f);
+}
+
+template <class Out, class... In, class F>
+KILN_WIDE_LOOP void map_dense_wide(char* const* p, int64_t n, int scalar_input, F& f) {
+  map_dense_body<Out, In...>(p, n, scalar_input, f);
+}
+
+}  // namespace detail
+
+// Elements of the blocks that stand in for broadcast scalar inputs in map's dense loops.
+inline constexpr int64_t kScalarBlock = 256;
+
 // out[i] = f(in0[i], in1[i], ...) in compute types; Out and In... are storage types. The
 // operands must already have those dtypes; shapes broadcast to out's.
 template <class Out, class... In, class F>
 void map(const Tensor& out, F f, const std::same_as<Tensor> auto&... ins) {
   constexpr int N = 1 + sizeof...(In);
   static_assert(sizeof...(In) == sizeof...(ins));
+  constexpr bool reduced = (is_16bit_float<Out> || ... || is_16bit_float<In>);
+  const bool wide = reduced && wide_loops();
+  auto dense_loop = [&](char* const* p, int64_t n, int scalar_input) {
+    if constexpr (reduced) {
+      if (wide) return detail::map_dense_wide<Out, In...>(p, n, scalar_input, f);
+    }
+    detail::map_dense<Out, In...>(p, n, scalar_input, f);
+  };
   StridedIter<N> it(out, {&ins...});
   it.run([&](char** p, const int64_t* s, int64_t n) {
-    bool contiguous = s[0] == sizeof(Out);
-    int k = 1;
-    ((contiguous = contiguous && s[k++] == sizeof(In)), ...);
-    if constexpr (sizeof...(In) == 2) {
-      // One operand a broadcast scalar: hoist it so the loop still vectorizes.
-      using A = std::tuple_element_t<0, std::tuple<In...>>;
-      using B = std::tuple_element_t<1, std::tuple<In...>>;
-      if (s[0] == sizeof(Out) && s[1] == sizeof(A) && s[2] == 0) {
-        Out* o = reinterpret_cast<Out*>(p[0]);
-        const A* a = reinterpret_cast<const A*>(p[1]);
-        const auto b = static_cast<compute_t<B>>(*reinterpret_cast<const B*>(p[2]));
-        for (int64_t i = 0; i < n; ++i) o[i] = static_cast<Out>(f(static_cast<compute_t<A>>(a[i]), b));
-        return;
-      }
-      if (s[0] == sizeof(Out) && s[1] == 0 && s[2] == sizeof(B)) {
-        Out* o = reinterpret_cast<Out*>(p[0]);
-        const auto a = static_cast<compute_t<A>>(*reinterpret_cast<const A*>(p[1]));
-        const B* b = reinterpret_cast<const B*>(p[2]);
-        for (int64_t i = 0; i < n; ++i) o[i] = static_cast<Out>(f(a, static_cast<compute_t<B>>(b[i])));
-        return;
-      }
+    // Dense operands, or some inputs broadcast scalars (stride 0).
+    constexpr std::array<int64_t, sizeof...(In)> item{static_cast<int64_t>(sizeof(In))...};
+    int scalars = 0, scalar_input = -1;
+    bool dense = s[0] == sizeof(Out);
+    for (size_t k = 0; k < item.size() && dense; ++k) {
+      if (s[k + 1] == 0) ++scalars, scalar_input = static_cast<int>(k);
+      else dense = s[k + 1] == item[k];
     }
-    if (contiguous) {
-      Out* o = reinterpret_cast<Out*>(p[0]);
+    if (dense && scalars == 0) return dense_loop(p, n, -1);
+    // Two inputs, one a scalar: its value is hoisted out of the loop.
+    if (dense && item.size() == 2 && scalars == 1) return dense_loop(p, n, scalar_input);
+    if (dense && scalars < static_cast<int>(item.size())) {
+      // Scalar inputs read from a block of copies, so the dense loop runs over blocks.
+      std::tuple<std::array<In, kScalarBlock>...> copies;
+      char* q[N];
+      auto point = [&](auto& copy, int k) {
+        using T = typename std::decay_t<decltype(copy)>::value_type;
+        if (s[k] == 0) {
+          copy.fill(load_as<T>(p[k]));
+          q[k] = reinterpret_cast<char*>(copy.data());
+        } else {
+          q[k] = p[k];
+        }
+      };
       [&]<size_t... I>(std::index_sequence<I...>) {
-        std::tuple<const In*...> ptrs{reinterpret_cast<const In*>(p[I + 1])...};
-        for (int64_t i = 0; i < n; ++i)
-          o[i] = static_cast<Out>(f(static_cast<compute_t<In>>(std::get<I>(ptrs)[i])...));
+        (point(std::get<I>(copies), static_cast<int>(I) + 1), ...);
       }(std::index_sequence_for<In...>{});
+      for (int64_t b = 0; b < n; b += kScalarBlock) {
+        q[0] = p[0] + b * static_cast<int64_t>(sizeof(Out));
+        const int64_t m = std::min(kScalarBlock, n - b);
+        dense_loop(q, m, -1);
+        for (int k = 1; k < N; ++k)
+          if (s[k] != 0) q[k] += m * s[k];
+      }
       return;
     }
     [&]<size_t... I>(std::index_sequence<I...>) {

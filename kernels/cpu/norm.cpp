@@ -10,6 +10,7 @@
 
 #include "core/registry.h"
 #include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/loops.h"
 #include "kernels/cpu/parallel.h"
 
 namespace kiln::cpu {
@@ -18,13 +19,13 @@ namespace {
 using Span = std::span<const Tensor>;
 
 template <class T>
-double to_double(T v) {
+[[gnu::always_inline]] inline double to_double(T v) {
   return static_cast<double>(static_cast<compute_t<T>>(v));
 }
 
 // Sum of term(i) over [0, n) in f64, in eight independent lanes so the loop vectorizes.
 template <class Term>
-double accumulate(int64_t n, Term term) {
+[[gnu::always_inline]] inline double accumulate(int64_t n, Term term) {
   double lane[8] = {};
   int64_t i = 0;
   for (; i + 8 <= n; i += 8)
@@ -140,6 +141,52 @@ void channel_moments_nhwc(const Tensor& x, const ChannelLayout& s, std::vector<d
   });
 }
 
+// The NCHW inner loops of batch norm's forward over one row of a channel: the sum, the sum
+// of squared deviations from m, and y = x * sc + sh. For 16-bit inputs they run in the
+// AVX-512 build where the CPU has it (kernels/cpu/loops.h): at SSE2's width the
+// conversions made bf16 twice f32's time. Same operations in the same order: same bits.
+template <class T>
+[[gnu::always_inline]] inline double row_sum(const T* p, int64_t n) {
+  return accumulate(n, [p](int64_t i) __attribute__((always_inline)) { return to_double(p[i]); });
+}
+template <class T>
+[[gnu::always_inline]] inline double row_squares(const T* p, int64_t n, double m) {
+  return accumulate(n, [p, m](int64_t i) __attribute__((always_inline)) {
+    const double d = to_double(p[i]) - m;
+    return d * d;
+  });
+}
+template <class T, class C>
+[[gnu::always_inline]] inline void row_affine(const T* p, T* q, int64_t n, C sc, C sh) {
+  for (int64_t i = 0; i < n; ++i) q[i] = static_cast<T>(static_cast<C>(p[i]) * sc + sh);
+}
+
+template <class T>
+KILN_WIDE_LOOP double row_sum_wide(const T* p, int64_t n) { return row_sum(p, n); }
+template <class T>
+KILN_WIDE_LOOP double row_squares_wide(const T* p, int64_t n, double m) { return row_squares(p, n, m); }
+template <class T, class C>
+KILN_WIDE_LOOP void row_affine_wide(const T* p, T* q, int64_t n, C sc, C sh) { row_affine(p, q, n, sc, sh); }
+
+template <class T>
+double channel_row_sum(const T* p, int64_t n) {
+  if constexpr (is_16bit_float<T>)
+    if (wide_loops()) return row_sum_wide(p, n);
+  return row_sum(p, n);
+}
+template <class T>
+double channel_row_squares(const T* p, int64_t n, double m) {
+  if constexpr (is_16bit_float<T>)
+    if (wide_loops()) return row_squares_wide(p, n, m);
+  return row_squares(p, n, m);
+}
+template <class T, class C>
+void channel_row_affine(const T* p, T* q, int64_t n, C sc, C sh) {
+  if constexpr (is_16bit_float<T>)
+    if (wide_loops()) return row_affine_wide(p, q, n, sc, sh);
+  row_affine(p, q, n, sc, sh);
+}
+
 // Per channel of x (contiguous in its layout): the mean and the biased variance, in f64.
 // Each channel (NCHW) or block of rows (NHWC) is summed in a fixed order, so the result
 // does not depend on the thread count: batch_norm and batch_norm_stats_update agree bit for
@@ -156,18 +203,13 @@ void channel_moments(const Tensor& x, const ChannelLayout& s, std::vector<double
       for (int64_t c = b; c < e; ++c) {
         double sum = 0;
         for (int64_t n = 0; n < s.n; ++n) {
-          const T* p = xs + (n * s.c + c) * s.l;
-          sum += accumulate(s.l, [p](int64_t i) { return to_double(p[i]); });
+          sum += channel_row_sum(xs + (n * s.c + c) * s.l, s.l);
         }
         const double m = sum / static_cast<double>(count);
         // A second pass over the deviations keeps the variance accurate for large means.
         double sq = 0;
         for (int64_t n = 0; n < s.n; ++n) {
-          const T* p = xs + (n * s.c + c) * s.l;
-          sq += accumulate(s.l, [p, m](int64_t i) {
-            const double d = to_double(p[i]) - m;
-            return d * d;
-          });
+          sq += channel_row_squares(xs + (n * s.c + c) * s.l, s.l, m);
         }
         mean[c] = m;
         var[c] = sq / static_cast<double>(count);
@@ -250,7 +292,7 @@ void batch_norm(Span in, Span out, const Attrs& attrs) {
           for (int64_t n = 0; n < s.n; ++n) {
             const T* p = xs + (n * s.c + c) * s.l;
             T* q = ys + (n * s.c + c) * s.l;
-            for (int64_t i = 0; i < s.l; ++i) q[i] = static_cast<T>(static_cast<C>(p[i]) * sc + sh);
+            channel_row_affine(p, q, s.l, sc, sh);
           }
         }
       });
