@@ -61,32 +61,36 @@ inline uint32_t pair(uint16_t lo, uint16_t hi) {
   return static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
 }
 
-// dst [ceil(rows / kMr)][kp][kMr]: the pairs (p0 + 2q, p0 + 2q + 1) of op(A)'s rows
-// [r0, r0 + rows) and k [p0, p0 + kc), zero past the last row and past k.
-KILN_BF16_TARGET void pack_a(const Operand& a, int64_t r0, int64_t rows, int64_t p0, int64_t kc,
-                             uint32_t* dst) {
+// dst [panels][kp][W]: the pairs (p0 + 2q, p0 + 2q + 1) of the lines (op(A)'s rows, op(B)'s
+// columns) [l0, l0 + lines) and k [p0, p0 + kc), in panels [first, last) of W lines, zero
+// past the last line and past k. k_contiguous: each line's k are adjacent in memory (A not
+// transposed, B transposed), so its pairs are 32-bit loads; otherwise stored rows p and
+// p + 1 are interleaved, read along the rows.
+template <int64_t W>
+KILN_BF16_TARGET void pack_pairs(const Operand& x, bool k_contiguous, int64_t l0, int64_t lines, int64_t p0,
+                                 int64_t kc, int64_t first, int64_t last, uint32_t* dst) {
   const int64_t kp = (kc + 1) / 2;
-  for (int64_t panel = 0; panel * kMr < rows; ++panel) {
-    uint32_t* out = dst + panel * kp * kMr;
-    const int64_t live = std::min(kMr, rows - panel * kMr);
-    const int64_t r = r0 + panel * kMr;
-    if (live < kMr) std::fill(out, out + kp * kMr, 0u);
-    if (!a.trans) {  // each row's k are contiguous: its pairs are 32-bit loads
+  for (int64_t panel = first; panel < last; ++panel) {
+    uint32_t* out = dst + panel * kp * W;
+    const int64_t live = std::min(W, lines - panel * W);
+    const int64_t l = l0 + panel * W;
+    if (live < W) std::fill(out, out + kp * W, 0u);
+    if (k_contiguous) {
       for (int64_t i = 0; i < live; ++i) {
-        const uint16_t* row = a.p + (r + i) * a.ld + p0;
+        const uint16_t* line = x.p + (l + i) * x.ld + p0;
         for (int64_t q = 0; q < kc / 2; ++q) {
           uint32_t v;
-          std::memcpy(&v, row + 2 * q, sizeof v);
-          out[q * kMr + i] = v;
+          std::memcpy(&v, line + 2 * q, sizeof v);
+          out[q * W + i] = v;
         }
-        if (kc % 2) out[(kp - 1) * kMr + i] = pair(row[kc - 1], 0);
+        if (kc % 2) out[(kp - 1) * W + i] = pair(line[kc - 1], 0);
       }
-    } else {  // stored rows p and p + 1 interleaved, read along the rows
+    } else {
       for (int64_t q = 0; q < kp; ++q) {
-        const uint16_t* lo = a.p + (p0 + 2 * q) * a.ld + r;
-        uint32_t* o = out + q * kMr;
+        const uint16_t* lo = x.p + (p0 + 2 * q) * x.ld + l;
+        uint32_t* o = out + q * W;
         if (2 * q + 1 < kc)
-          for (int64_t i = 0; i < live; ++i) o[i] = pair(lo[i], lo[i + a.ld]);
+          for (int64_t i = 0; i < live; ++i) o[i] = pair(lo[i], lo[i + x.ld]);
         else
           for (int64_t i = 0; i < live; ++i) o[i] = pair(lo[i], 0);
       }
@@ -94,38 +98,16 @@ KILN_BF16_TARGET void pack_a(const Operand& a, int64_t r0, int64_t rows, int64_t
   }
 }
 
-// dst [ceil(cols / kNr)][kp][kNr]: the pairs (p0 + 2q, p0 + 2q + 1) of op(B)'s columns
-// [c0, c0 + cols) in panels [first, last), zero past the last column and past k.
+// op(A)'s rows [r0, r0 + rows), all their panels.
+KILN_BF16_TARGET void pack_a(const Operand& a, int64_t r0, int64_t rows, int64_t p0, int64_t kc,
+                             uint32_t* dst) {
+  pack_pairs<kMr>(a, !a.trans, r0, rows, p0, kc, 0, (rows + kMr - 1) / kMr, dst);
+}
+
+// op(B)'s columns [c0, c0 + cols), panels [first, last).
 KILN_BF16_TARGET void pack_b(const Operand& b, int64_t p0, int64_t kc, int64_t c0, int64_t cols,
                              int64_t first, int64_t last, uint32_t* dst) {
-  const int64_t kp = (kc + 1) / 2;
-  for (int64_t panel = first; panel < last; ++panel) {
-    uint32_t* out = dst + panel * kp * kNr;
-    const int64_t live = std::min(kNr, cols - panel * kNr);
-    const int64_t j0 = c0 + panel * kNr;
-    if (live < kNr) std::fill(out, out + kp * kNr, 0u);
-    if (!b.trans) {  // rows p and p + 1 of B interleaved
-      for (int64_t q = 0; q < kp; ++q) {
-        const uint16_t* lo = b.p + (p0 + 2 * q) * b.ld + j0;
-        const uint16_t* hi = 2 * q + 1 < kc ? lo + b.ld : nullptr;
-        uint32_t* o = out + q * kNr;
-        if (hi)
-          for (int64_t j = 0; j < live; ++j) o[j] = pair(lo[j], hi[j]);
-        else
-          for (int64_t j = 0; j < live; ++j) o[j] = pair(lo[j], 0);
-      }
-    } else {  // each column's k are contiguous
-      for (int64_t j = 0; j < live; ++j) {
-        const uint16_t* col = b.p + (j0 + j) * b.ld + p0;
-        for (int64_t q = 0; q < kc / 2; ++q) {
-          uint32_t v;
-          std::memcpy(&v, col + 2 * q, sizeof v);
-          out[q * kNr + j] = v;
-        }
-        if (kc % 2) out[(kp - 1) * kNr + j] = pair(col[kc - 1], 0);
-      }
-    }
-  }
+  pack_pairs<kNr>(b, b.trans, c0, cols, p0, kc, first, last, dst);
 }
 
 // C[rows, cols] = alpha * (A panel @ B panel) + beta * C, for rows <= kMr and cols <= kNr;
