@@ -30,6 +30,27 @@ if(NOT KILN_BLAS STREQUAL "OFF")
   endif()
 endif()
 
+# oneDNN (Debian: libdnnl-dev) runs the CPU convolutions where it has a JIT kernel for
+# them; kiln's own convolution kernels are the fallback (kernels/cpu/conv_dnnl.h).
+set(KILN_HAVE_DNNL OFF)
+if(NOT KILN_DNNL STREQUAL "OFF")
+  # Found by hand: Debian's dnnl-config.cmake insists on OpenCL's headers, which only its
+  # GPU runtime (unused here) needs.
+  find_library(KILN_DNNL_LIBRARY NAMES dnnl)
+  find_path(KILN_DNNL_INCLUDE_DIR oneapi/dnnl/dnnl.hpp)
+  if(KILN_DNNL_LIBRARY AND KILN_DNNL_INCLUDE_DIR)
+    add_library(kiln_dnnl INTERFACE)
+    target_link_libraries(kiln_dnnl INTERFACE ${KILN_DNNL_LIBRARY})
+    target_include_directories(kiln_dnnl INTERFACE ${KILN_DNNL_INCLUDE_DIR})
+    set(KILN_HAVE_DNNL ON)
+    message(STATUS "kiln: CPU convolutions through oneDNN (${KILN_DNNL_LIBRARY}), kiln's kernels as fallback")
+  elseif(KILN_DNNL STREQUAL "ON")
+    message(FATAL_ERROR "kiln: KILN_DNNL=ON but oneDNN was not found (apt-get install libdnnl-dev)")
+  else()
+    message(STATUS "kiln: oneDNN not found; CPU convolutions through kiln's kernels")
+  endif()
+endif()
+
 set(KILN_HAVE_CUDA OFF)
 if(NOT KILN_CUDA STREQUAL "OFF")
   if(KILN_CUDA STREQUAL "ON")

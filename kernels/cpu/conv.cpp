@@ -14,9 +14,11 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 #include <vector>
 
+#include "kernels/cpu/conv_dnnl.h"
 #include "kernels/cpu/conv_nhwc.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/gemm.h"
@@ -401,7 +403,7 @@ Tensor dense(const Tensor& t, DType c) { return as_dtype(t, c).contiguous(); }
 // from NHWC.
 constexpr int64_t kBf16NhwcPlane = 256;
 bool run_nhwc(const Tensor& activation, const Conv2dGeometry& g, DType s) {
-  if (activation.suggest_memory_format() == MemoryFormat::channels_last || s != DType::bf16 ||
+  if (nhwc_activation(activation, g) || s != DType::bf16 ||
       g.out_h * g.out_w >= kBf16NhwcPlane)
     return use_nhwc(activation, g);
   return g.groups == 1 && g.batch > 0 && g.in_channels > 0 && g.out_channels > 0 && g.out_h > 0 &&
@@ -439,10 +441,33 @@ void nhwc_call(const Tensor& activation, const Tensor& weight, const Tensor& out
   });
 }
 
-void conv2d_kernel(Span in, Span out, const Attrs& attrs) {
-  const Conv2dGeometry g = conv2d_geometry(in[0].shape(), in[1].shape(), attrs, "conv2d");
+// Which of oneDNN and kiln's kernels runs a call (where oneDNN is the backend and has a JIT
+// kernel for it). Measured per ResNet-18/50 shape, forward, backward input and backward
+// weight, at the bench sizes (docs/design-notes.md, "CPU convolutions"): on NCHW
+// activations oneDNN is 1.5-25x faster but for the gradients of 3-channel images' input
+// and the weight gradients of 1024 or more input channels; on NHWC ones kiln's GEMMs win
+// at 1x1 kernels (no reorders) and at the weight gradients of many input channels, and
+// oneDNN the rest, less so on wide layers.
+enum class Pass : uint8_t { forward, backward_input, backward_weight };
+
+bool prefer_dnnl(Pass pass, const Tensor& activation, const Conv2dGeometry& g) {
+  if (conv_backend() != ConvBackend::automatic) return conv_backend() == ConvBackend::dnnl;
+  const int64_t channels = g.in_channels / g.groups;
+  if (!nhwc_activation(activation, g)) {
+    if (pass == Pass::backward_input) return channels >= 8;
+    return pass == Pass::forward || channels < 1024;
+  }
+  if (g.kernel_h * g.kernel_w == 1) return false;
+  if (pass == Pass::forward) return channels <= 256;
+  return pass == Pass::backward_input || channels <= 128;
+}
+
+// in = {x, w, bias or undefined}.
+void forward(const Tensor* in, const Tensor& out0, const Conv2dGeometry& g) {
+  const Tensor out[] = {out0};
   const DType c = conv_dtype(in[0].dtype()), s = operand_dtype(in[0].dtype(), g);
-  const bool has_bias = in.size() == 3 && in[2].defined();
+  const bool has_bias = in[2].defined();
+  if (prefer_dnnl(Pass::forward, in[0], g) && dnnl_conv2d(in[0], in[1], in[2], out[0], g)) return;
   const Tensor bias = has_bias ? dense(in[2], c) : Tensor();
   if (run_nhwc(in[0], g, s)) {
     nhwc_call(in[0], in[1], out[0], g, s, c,
@@ -460,9 +485,10 @@ void conv2d_kernel(Span in, Span out, const Attrs& attrs) {
   });
 }
 
-void conv2d_backward_input_kernel(Span in, Span out, const Attrs& attrs) {
-  const Conv2dGeometry g =
-      conv2d_geometry(attrs.ints("input_size"), in[1].shape(), attrs, "conv2d_backward_input");
+// in = {grad_out, w}.
+void backward_input(const Tensor* in, const Tensor& out0, const Conv2dGeometry& g) {
+  const Tensor out[] = {out0};
+  if (prefer_dnnl(Pass::backward_input, in[0], g) && dnnl_conv2d_backward_input(in[0], in[1], out[0], g)) return;
   const DType c = conv_dtype(in[0].dtype()), s = operand_dtype(in[0].dtype(), g);
   if (run_nhwc(in[0], g, s)) {
     nhwc_call(in[0], in[1], out[0], g, s, c,
@@ -479,12 +505,11 @@ void conv2d_backward_input_kernel(Span in, Span out, const Attrs& attrs) {
   });
 }
 
-// The weight gradient (grad_out in[0], input in[1]) into `out`; plus in[2] when given.
-void conv2d_backward_weight_kernel(Span in, Span out, const Attrs& attrs) {
-  const Conv2dGeometry g =
-      conv2d_geometry(in[1].shape(), attrs.ints("weight_size"), attrs, "conv2d_backward_weight");
+// The weight gradient (grad_out in[0], input in[1]) into `out`; plus in[2] when defined.
+void backward_weight(const Tensor* in, const Tensor& out0, const Conv2dGeometry& g) {
+  const Tensor out[] = {out0};
   const DType c = conv_dtype(in[0].dtype()), s = operand_dtype(in[0].dtype(), g);
-  const Tensor added = in.size() == 3 ? in[2] : Tensor();
+  const Tensor added = in[2];
   // Where the sum cannot start from the added gradient, it is computed apart and added after
   // (apart from `out` too when `out` is the added gradient, written in place).
   auto add_after = [&](const Tensor& o, auto&& compute) {
@@ -494,6 +519,16 @@ void conv2d_backward_weight_kernel(Span in, Span out, const Attrs& attrs) {
     if (!same_view(o, added)) Tensor(o).copy_(added);
     Tensor(o).add_(sum);
   };
+  const bool dnnl = prefer_dnnl(Pass::backward_weight, in[1], g);
+  if (dnnl && !added.defined() && dnnl_conv2d_backward_weight(in[0], in[1], out[0], g)) return;
+  if (dnnl && added.defined()) {  // the sum apart, then added
+    Tensor sum = make_tensor(out[0].shape(), c, out[0].device(), out[0].suggest_memory_format());
+    if (dnnl_conv2d_backward_weight(in[0], in[1], sum, g)) {
+      if (!same_view(out[0], added)) Tensor(out[0]).copy_(added);
+      Tensor(out[0]).add_(sum);
+      return;
+    }
+  }
   if (run_nhwc(in[1], g, s)) {
     // The sum comes out [Co, kh, kw, Ci] taps-outer (the weight's channels_last layout: a
     // target laid out so takes it directly) and [Co, Ci, kh, kw] channels-outer.
@@ -530,6 +565,93 @@ void conv2d_backward_weight_kernel(Span in, Span out, const Attrs& attrs) {
       });
     });
   });
+}
+
+
+// ---- the registered kernels: dead taps cropped, then the backend chosen ----
+
+// A kernel's taps that read only padding, for every output pixel, multiply zeros: a 3x3
+// convolution padded by 1 over a 1x1 plane (ResNet-18's last stage at 32x32 inputs) is a
+// 1x1 convolution by the weight's centre, and a stride-2 one over a 2x2 plane uses only
+// its last two rows and columns. The kernels run such a convolution on the live taps alone
+// (the weight narrowed, the padding reduced by the taps cut before them), nine or two
+// times less work; the weight gradient is zero on the cut taps. nullopt where every tap
+// is live or the cut cannot keep the output size with symmetric padding.
+struct LiveTaps {
+  Conv2dGeometry g;  // the convolution over the live taps
+  int64_t h0, w0;    // the first live tap of each axis
+};
+
+// [first, last) of the live taps along one axis.
+std::pair<int64_t, int64_t> live_range(int64_t kernel, int64_t stride, int64_t pad, int64_t dilation,
+                                       int64_t in, int64_t out) {
+  int64_t first = kernel, last = 0;
+  for (int64_t k = 0; k < kernel; ++k) {
+    const int64_t lo = k * dilation - pad, hi = lo + (out - 1) * stride;  // rows read over the outputs
+    const int64_t first_inside = lo >= 0 ? lo : lo + (-lo + stride - 1) / stride * stride;
+    if (out > 0 && first_inside <= std::min(hi, in - 1)) first = std::min(first, k), last = k + 1;
+  }
+  return {first, last};
+}
+
+std::optional<LiveTaps> live_taps(const Conv2dGeometry& g) {
+  const auto [h0, h1] = live_range(g.kernel_h, g.stride_h, g.pad_h, g.dilation_h, g.in_h, g.out_h);
+  const auto [w0, w1] = live_range(g.kernel_w, g.stride_w, g.pad_w, g.dilation_w, g.in_w, g.out_w);
+  if (h0 >= h1 || w0 >= w1 || (h1 - h0 == g.kernel_h && w1 - w0 == g.kernel_w)) return std::nullopt;
+  LiveTaps t{g, h0, w0};
+  t.g.kernel_h = h1 - h0, t.g.kernel_w = w1 - w0;
+  t.g.pad_h = g.pad_h - h0 * g.dilation_h, t.g.pad_w = g.pad_w - w0 * g.dilation_w;
+  auto out_size = [](int64_t in, int64_t pad, int64_t kernel, int64_t dilation, int64_t stride) {
+    return (in + 2 * pad - dilation * (kernel - 1) - 1) / stride + 1;
+  };
+  if (t.g.pad_h < 0 || t.g.pad_w < 0 ||
+      out_size(g.in_h, t.g.pad_h, t.g.kernel_h, g.dilation_h, g.stride_h) != g.out_h ||
+      out_size(g.in_w, t.g.pad_w, t.g.kernel_w, g.dilation_w, g.stride_w) != g.out_w)
+    return std::nullopt;
+  return t;
+}
+
+Tensor live_part(const Tensor& weight, const LiveTaps& t) {
+  return weight.narrow(2, t.h0, t.g.kernel_h).narrow(3, t.w0, t.g.kernel_w);
+}
+
+void conv2d_kernel(Span in, Span out, const Attrs& attrs) {
+  const Conv2dGeometry g = conv2d_geometry(in[0].shape(), in[1].shape(), attrs, "conv2d");
+  const Tensor bias = in.size() == 3 ? in[2] : Tensor();
+  if (const auto t = live_taps(g)) {
+    const Tensor args[] = {in[0], live_part(in[1], *t), bias};
+    return forward(args, out[0], t->g);
+  }
+  const Tensor args[] = {in[0], in[1], bias};
+  forward(args, out[0], g);
+}
+
+void conv2d_backward_input_kernel(Span in, Span out, const Attrs& attrs) {
+  const Conv2dGeometry g =
+      conv2d_geometry(attrs.ints("input_size"), in[1].shape(), attrs, "conv2d_backward_input");
+  if (const auto t = live_taps(g)) {
+    const Tensor args[] = {in[0], live_part(in[1], *t)};
+    return backward_input(args, out[0], t->g);
+  }
+  backward_input(in.data(), out[0], g);
+}
+
+void conv2d_backward_weight_kernel(Span in, Span out, const Attrs& attrs) {
+  const Conv2dGeometry g =
+      conv2d_geometry(in[1].shape(), attrs.ints("weight_size"), attrs, "conv2d_backward_weight");
+  const Tensor added = in.size() == 3 ? in[2] : Tensor();
+  if (const auto t = live_taps(g)) {
+    // The cut taps keep the added gradient (or zero); the live ones get it plus the sum.
+    if (!added.defined())
+      Tensor(out[0]).zero_();
+    else if (!same_view(out[0], added))
+      Tensor(out[0]).copy_(added);
+    const Tensor live = live_part(out[0], *t);
+    const Tensor args[] = {in[0], in[1], added.defined() ? live : Tensor()};
+    return backward_weight(args, live, t->g);
+  }
+  const Tensor args[] = {in[0], in[1], added};
+  backward_weight(args, out[0], g);
 }
 
 struct Registrar {

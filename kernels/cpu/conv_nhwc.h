@@ -269,10 +269,18 @@ void nhwc_backward_weight(const S* grad, const S* x, T* gw, const Conv2dGeometry
     for (int64_t i = 0; i < weight_size; ++i) gw[i] += acc[i];
 }
 
-// Whether a call whose activation is `activation` runs the NHWC algorithms: a channels_last
+// Whether an activation is laid out NHWC for a convolution: channels_last, or of 1x1
+// planes in and out (one pixel per image: NCHW and NHWC are the same memory; the NCHW
+// algorithms would run one outer product per image).
+inline bool nhwc_activation(const Tensor& activation, const Conv2dGeometry& g) {
+  return activation.suggest_memory_format() == MemoryFormat::channels_last ||
+         (g.in_h * g.in_w == 1 && g.out_h * g.out_w == 1);
+}
+
+// Whether a call whose activation is `activation` runs the NHWC algorithms: an NHWC
 // activation of an ungrouped, non-empty convolution.
 inline bool use_nhwc(const Tensor& activation, const Conv2dGeometry& g) {
-  return activation.suggest_memory_format() == MemoryFormat::channels_last && g.groups == 1 &&
+  return nhwc_activation(activation, g) && g.groups == 1 &&
          g.batch > 0 && g.in_channels > 0 && g.out_channels > 0 && g.out_h > 0 && g.out_w > 0;
 }
 

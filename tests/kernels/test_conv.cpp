@@ -74,6 +74,12 @@ const std::vector<ConvCase>& cases() {
       {{2, 4, 4, 5}, {4, 2, 1, 1}, {.groups = 2}, false},       // grouped pointwise
       {{2, 2, 3, 3}, {3, 2, 5, 5}, {.padding = {1, 1}}, true},  // kernel fills the padded input
       {{3, 3, 5, 5}, {2, 3, 3, 3}, {.dilation = {2, 2}}, true},
+      // Taps that only ever read padding (the kernels run the live ones alone):
+      {{2, 3, 1, 1}, {4, 3, 3, 3}, {.padding = {1, 1}}, true},                        // the centre
+      {{2, 3, 2, 2}, {4, 3, 3, 3}, {.stride = {2, 2}, .padding = {1, 1}}, false},     // the last 2x2
+      {{1, 2, 1, 4}, {3, 2, 3, 3}, {.padding = {1, 1}}, true},                        // rows only
+      {{2, 2, 2, 2}, {3, 2, 3, 3}, {.padding = {2, 2}, .dilation = {2, 2}}, false},   // dilated
+      {{2, 4, 1, 1}, {4, 2, 3, 3}, {.padding = {1, 1}, .groups = 2}, true},           // grouped
   };
   return all;
 }

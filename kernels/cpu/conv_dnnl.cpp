@@ -1,0 +1,372 @@
+// conv2d and its gradients through oneDNN (kernels/cpu/conv_dnnl.h). Each call describes
+// kiln's tensors to oneDNN as they are (dims and strides), asks for a convolution whose
+// layouts oneDNN chooses ("any"), reorders the operands into those layouts where they
+// differ, runs it, and reorders the result into the output tensor (converting its dtype
+// when they differ). Primitives are made once per geometry, dtypes and kind, and kept.
+#include "kernels/cpu/conv_dnnl.h"
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "core/error.h"
+
+#ifdef KILN_HAVE_DNNL
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <tuple>
+#include <unordered_map>
+#include <vector>
+
+#include "core/ops/factory.h"
+#endif
+
+namespace kiln::cpu {
+namespace {
+
+ConvBackend initial_backend() {
+#ifdef KILN_HAVE_DNNL
+  const char* v = std::getenv("KILN_CONV_BACKEND");
+  if (v && std::strcmp(v, "own") == 0) return ConvBackend::own;
+  if (v && std::strcmp(v, "dnnl") == 0) return ConvBackend::dnnl;
+  if (v && *v && std::strcmp(v, "auto") != 0)
+    std::fprintf(stderr, "kiln: KILN_CONV_BACKEND=%s: expected auto, dnnl or own; using auto\n", v);
+  return ConvBackend::automatic;
+#else
+  return ConvBackend::own;
+#endif
+}
+
+std::atomic<ConvBackend> g_backend{initial_backend()};
+
+thread_local std::string t_last_impl;
+thread_local int64_t t_calls = 0;
+
+}  // namespace
+
+bool conv_dnnl_available() {
+#ifdef KILN_HAVE_DNNL
+  return true;
+#else
+  return false;
+#endif
+}
+
+void set_conv_backend(ConvBackend backend) {
+  KILN_CHECK(backend == ConvBackend::own || conv_dnnl_available(),
+             "set_conv_backend: this build of kiln has no oneDNN (install libdnnl-dev and reconfigure); "
+             "only ConvBackend::own is available");
+  g_backend.store(backend);
+}
+
+ConvBackend conv_backend() { return g_backend.load(); }
+
+const char* dnnl_last_implementation() { return t_last_impl.c_str(); }
+
+int64_t dnnl_calls() { return t_calls; }
+
+#ifndef KILN_HAVE_DNNL
+
+bool dnnl_conv2d(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Conv2dGeometry&) {
+  return false;
+}
+bool dnnl_conv2d_backward_input(const Tensor&, const Tensor&, const Tensor&, const Conv2dGeometry&) {
+  return false;
+}
+bool dnnl_conv2d_backward_weight(const Tensor&, const Tensor&, const Tensor&, const Conv2dGeometry&) {
+  return false;
+}
+
+#else
+
+namespace {
+
+using dnnl::memory;
+using dt = memory::data_type;
+
+dnnl::engine& cpu_engine() {
+  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  return engine;
+}
+
+dnnl::stream& cpu_stream() {
+  thread_local dnnl::stream stream(cpu_engine());
+  return stream;
+}
+
+std::optional<dt> data_type(DType t) {
+  if (t == DType::f32) return dt::f32;
+  if (t == DType::bf16) return dt::bf16;
+  return std::nullopt;
+}
+
+// Whether oneDNN may read or write t through its strides: dense, in NCHW or NHWC order
+// (an expanded or overlapping view is copied first by the caller).
+bool dense(const Tensor& t) {
+  return t.is_contiguous() || (t.dim() == 4 && t.is_contiguous(MemoryFormat::channels_last));
+}
+
+memory::dims dims_of(const Shape& s) { return memory::dims(s.begin(), s.end()); }
+
+// An activation [N, C, H, W] as it is stored.
+memory::desc activation_desc(const Tensor& t) {
+  const memory::dims strides(t.strides().begin(), t.strides().end());
+  return memory::desc(dims_of(t.shape()), *data_type(t.dtype()), strides);
+}
+
+// The weight [O, I/G, kh, kw] as stored; with groups as oneDNN's [G, O/G, I/G, kh, kw].
+memory::desc weight_desc(const Tensor& w, int64_t groups) {
+  if (groups == 1) return activation_desc(w);
+  const int64_t o = w.size(0) / groups;
+  const memory::dims dims = {groups, o, w.size(1), w.size(2), w.size(3)};
+  const memory::dims strides = {w.stride(0) * o, w.stride(0), w.stride(1), w.stride(2), w.stride(3)};
+  return memory::desc(dims, *data_type(w.dtype()), strides);
+}
+
+// The descriptor of the same logical tensor in the layout oneDNN chooses (in dtype `type`
+// where given).
+memory::desc any_of(const memory::desc& d, dt type = dt::undef) {
+  return memory::desc(d.dims(), type == dt::undef ? d.data_type() : type, memory::format_tag::any);
+}
+
+// The convolution's parameters in oneDNN's terms (dilation counts the gaps: kiln's - 1).
+struct Geometry {
+  memory::dims strides, dilates, padding;
+  explicit Geometry(const Conv2dGeometry& g)
+      : strides{g.stride_h, g.stride_w},
+        dilates{g.dilation_h - 1, g.dilation_w - 1},
+        padding{g.pad_h, g.pad_w} {}
+};
+
+enum class Kind : uint8_t { forward, backward_input, backward_weight };
+
+// One primitive of a kind for one geometry and set of dtypes; usable is false where
+// oneDNN offers only its reference implementation, which is slower than kiln's kernels.
+struct Entry {
+  bool usable = false;
+  std::string impl;
+  dnnl::primitive primitive;
+  memory::desc src, weights, dst, bias;  // the layouts the primitive works in
+};
+
+using Key = std::tuple<Kind, std::vector<int64_t>, dt, dt, dt, dt>;
+
+Key key_of(Kind kind, const Conv2dGeometry& g, dt src, dt weights, dt dst, dt bias) {
+  std::vector<int64_t> v = {g.batch,    g.in_channels, g.in_h,       g.in_w,       g.out_channels,
+                            g.kernel_h, g.kernel_w,    g.stride_h,   g.stride_w,   g.pad_h,
+                            g.pad_w,    g.dilation_h,  g.dilation_w, g.groups};
+  return {kind, std::move(v), src, weights, dst, bias};
+}
+
+// The forward primitive descriptor, also the hint the backward ones need: for them src
+// and weights take the operands' dtype `operands` (a gradient written in f32 from bf16
+// operands has no forward of its own).
+dnnl::convolution_forward::primitive_desc forward_pd(const Conv2dGeometry& g, const memory::desc& src,
+                                                     const memory::desc& weights, const memory::desc& dst,
+                                                     const memory::desc* bias, dt operands) {
+  const Geometry p(g);
+  const memory::desc s = any_of(src, operands), w = any_of(weights, operands), d = any_of(dst);
+  const auto desc = bias ? dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training,
+                                                           dnnl::algorithm::convolution_direct, s, w, *bias, d,
+                                                           p.strides, p.dilates, p.padding, p.padding)
+                         : dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training,
+                                                           dnnl::algorithm::convolution_direct, s, w, d,
+                                                           p.strides, p.dilates, p.padding, p.padding);
+  return dnnl::convolution_forward::primitive_desc(desc, cpu_engine());
+}
+
+bool is_reference(const std::string& impl) { return impl.rfind("ref", 0) == 0; }
+
+Entry make_entry(Kind kind, const Conv2dGeometry& g, const memory::desc& src, const memory::desc& weights,
+                 const memory::desc& dst, const memory::desc* bias) {
+  Entry e;
+  try {
+    const Geometry p(g);
+    const dt operands = kind == Kind::backward_weight ? src.data_type() : weights.data_type();
+    const auto fwd = forward_pd(g, src, weights, dst, bias, operands);
+    if (kind == Kind::forward) {
+      e.impl = fwd.impl_info_str();
+      e.primitive = dnnl::convolution_forward(fwd);
+      e.src = fwd.src_desc();
+      e.weights = fwd.weights_desc();
+      e.dst = fwd.dst_desc();
+      if (bias) e.bias = fwd.bias_desc();
+    } else if (kind == Kind::backward_input) {
+      const dnnl::convolution_backward_data::desc desc(dnnl::algorithm::convolution_direct, any_of(src),
+                                                       any_of(weights), any_of(dst), p.strides, p.dilates,
+                                                       p.padding, p.padding);
+      const dnnl::convolution_backward_data::primitive_desc pd(desc, cpu_engine(), fwd);
+      e.impl = pd.impl_info_str();
+      e.primitive = dnnl::convolution_backward_data(pd);
+      e.src = pd.diff_src_desc();
+      e.weights = pd.weights_desc();
+      e.dst = pd.diff_dst_desc();
+    } else {
+      const dnnl::convolution_backward_weights::desc desc(dnnl::algorithm::convolution_direct, any_of(src),
+                                                          any_of(weights), any_of(dst), p.strides, p.dilates,
+                                                          p.padding, p.padding);
+      const dnnl::convolution_backward_weights::primitive_desc pd(desc, cpu_engine(), fwd);
+      e.impl = pd.impl_info_str();
+      e.primitive = dnnl::convolution_backward_weights(pd);
+      e.src = pd.src_desc();
+      e.weights = pd.diff_weights_desc();
+      e.dst = pd.diff_dst_desc();
+    }
+    e.usable = !is_reference(e.impl);
+  } catch (const dnnl::error&) {
+    e.usable = false;  // no implementation for these dtypes or sizes: kiln's kernels run
+  }
+  return e;
+}
+
+const Entry& entry(Kind kind, const Conv2dGeometry& g, const memory::desc& src, const memory::desc& weights,
+                   const memory::desc& dst, const memory::desc* bias) {
+  static std::mutex mutex;
+  static std::map<Key, std::unique_ptr<Entry>> entries;
+  const Key key = key_of(kind, g, src.data_type(), weights.data_type(), dst.data_type(),
+                         bias ? bias->data_type() : dt::undef);
+  std::lock_guard lock(mutex);
+  std::unique_ptr<Entry>& e = entries[key];
+  if (!e) e = std::make_unique<Entry>(make_entry(kind, g, src, weights, dst, bias));
+  return *e;
+}
+
+// A tensor's memory as oneDNN reads it, in the layout `want`: the tensor itself when it is
+// laid out so already, else a reorder of it into scratch (kept alive in `keep`).
+memory input_in(const Tensor& t, const memory::desc& given, const memory::desc& want, std::vector<Tensor>& keep) {
+  memory user(given, cpu_engine(), t.data_ptr());
+  if (given == want) return user;
+  keep.push_back(make_tensor({static_cast<int64_t>(want.get_size())}, DType::u8));
+  memory m(want, cpu_engine(), keep.back().data_ptr());
+  dnnl::reorder(user, m).execute(cpu_stream(), user, m);
+  return m;
+}
+
+// Scratch for a result in the layout oneDNN writes, or the output itself when it matches.
+memory output_in(const Tensor& out, const memory::desc& given, const memory::desc& want, std::vector<Tensor>& keep) {
+  if (given == want) return memory(given, cpu_engine(), out.data_ptr());
+  keep.push_back(make_tensor({static_cast<int64_t>(want.get_size())}, DType::u8));
+  return memory(want, cpu_engine(), keep.back().data_ptr());
+}
+
+// Writes a result from oneDNN's layout into the output tensor (a no-op when it was
+// written there directly).
+void output_out(const memory& result, const Tensor& out, const memory::desc& given) {
+  if (result.get_data_handle() == out.data_ptr() && result.get_desc() == given) return;
+  memory user(given, cpu_engine(), out.data_ptr());
+  dnnl::reorder(result, user).execute(cpu_stream(), const_cast<memory&>(result), user);
+}
+
+// The operands oneDNN can take as they are: dense, of a dtype it has (f32, bf16), the
+// operands of one dtype; an output that is not dense is written through a dense temporary.
+bool takes(const Tensor& a, const Tensor& b, const Tensor& out) {
+  return conv_backend() != ConvBackend::own && a.dtype() == b.dtype() && data_type(a.dtype()) &&
+         data_type(out.dtype()) && a.numel() > 0 && b.numel() > 0 && out.numel() > 0;
+}
+
+Tensor dense_view(const Tensor& t) { return dense(t) ? t : t.contiguous(); }
+
+// Runs body(o) with o a dense tensor of out's shape and dtype (out itself when it is one),
+// copied into out after.
+template <class Body>
+bool into_dense(const Tensor& out, Body&& body) {
+  if (dense(out)) return body(out);
+  Tensor tmp = make_tensor(out.shape(), out.dtype(), out.device(), out.suggest_memory_format());
+  if (!body(tmp)) return false;
+  Tensor(out).copy_(tmp);
+  return true;
+}
+
+const char* kind_name(Kind k) {
+  return k == Kind::forward ? "conv2d" : k == Kind::backward_input ? "conv2d_backward_input" : "conv2d_backward_weight";
+}
+
+// Runs a primitive, turning oneDNN's failures into kiln errors naming the op.
+void execute(Kind kind, const Entry& e, const std::unordered_map<int, memory>& args, const Conv2dGeometry& g) {
+  try {
+    e.primitive.execute(cpu_stream(), args);
+    cpu_stream().wait();
+  } catch (const dnnl::error& err) {
+    fail("{}: oneDNN ({}) failed on input [{}, {}, {}, {}], weight [{}, {}, {}, {}]: {}", kind_name(kind), e.impl,
+         g.batch, g.in_channels, g.in_h, g.in_w, g.out_channels, g.in_channels / g.groups, g.kernel_h,
+         g.kernel_w, err.what());
+  }
+  t_last_impl = e.impl;
+  ++t_calls;
+}
+
+}  // namespace
+
+bool dnnl_conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& bias_in, const Tensor& out,
+                 const Conv2dGeometry& g) {
+  if (!takes(x_in, w_in, out) || (bias_in.defined() && !data_type(bias_in.dtype()))) return false;
+  const Tensor x = dense_view(x_in), w = dense_view(w_in);
+  const Tensor bias = bias_in.defined() ? bias_in.contiguous() : Tensor();
+  return into_dense(out, [&](const Tensor& o) {
+    const memory::desc src = activation_desc(x), wd = weight_desc(w, g.groups), dst = activation_desc(o);
+    const memory::desc bd = bias.defined() ? memory::desc({g.out_channels}, *data_type(bias.dtype()),
+                                                          memory::format_tag::a)
+                                           : memory::desc();
+    const Entry& e = entry(Kind::forward, g, src, wd, dst, bias.defined() ? &bd : nullptr);
+    if (!e.usable) return false;
+    std::vector<Tensor> keep;
+    std::unordered_map<int, memory> args = {{DNNL_ARG_SRC, input_in(x, src, e.src, keep)},
+                                            {DNNL_ARG_WEIGHTS, input_in(w, wd, e.weights, keep)}};
+    if (bias.defined()) args.emplace(DNNL_ARG_BIAS, input_in(bias, bd, e.bias, keep));
+    const memory result = output_in(o, dst, e.dst, keep);
+    args.emplace(DNNL_ARG_DST, result);
+    execute(Kind::forward, e, args, g);
+    output_out(result, o, dst);
+    return true;
+  });
+}
+
+bool dnnl_conv2d_backward_input(const Tensor& grad_in, const Tensor& w_in, const Tensor& out,
+                                const Conv2dGeometry& g) {
+  if (!takes(grad_in, w_in, out)) return false;
+  const Tensor grad = dense_view(grad_in), w = dense_view(w_in);
+  return into_dense(out, [&](const Tensor& o) {
+    const memory::desc src = activation_desc(o), wd = weight_desc(w, g.groups), dst = activation_desc(grad);
+    const Entry& e = entry(Kind::backward_input, g, src, wd, dst, nullptr);
+    if (!e.usable) return false;
+    std::vector<Tensor> keep;
+    const memory result = output_in(o, src, e.src, keep);
+    execute(Kind::backward_input, e,
+            {{DNNL_ARG_DIFF_DST, input_in(grad, dst, e.dst, keep)},
+             {DNNL_ARG_WEIGHTS, input_in(w, wd, e.weights, keep)},
+             {DNNL_ARG_DIFF_SRC, result}},
+            g);
+    output_out(result, o, src);
+    return true;
+  });
+}
+
+bool dnnl_conv2d_backward_weight(const Tensor& grad_in, const Tensor& x_in, const Tensor& out,
+                                 const Conv2dGeometry& g) {
+  if (!takes(grad_in, x_in, out)) return false;
+  const Tensor grad = dense_view(grad_in), x = dense_view(x_in);
+  return into_dense(out, [&](const Tensor& o) {
+    const memory::desc src = activation_desc(x), wd = weight_desc(o, g.groups), dst = activation_desc(grad);
+    const Entry& e = entry(Kind::backward_weight, g, src, wd, dst, nullptr);
+    if (!e.usable) return false;
+    std::vector<Tensor> keep;
+    const memory result = output_in(o, wd, e.weights, keep);
+    execute(Kind::backward_weight, e,
+            {{DNNL_ARG_DIFF_DST, input_in(grad, dst, e.dst, keep)},
+             {DNNL_ARG_SRC, input_in(x, src, e.src, keep)},
+             {DNNL_ARG_DIFF_WEIGHTS, result}},
+            g);
+    output_out(result, o, wd);
+    return true;
+  });
+}
+
+#endif  // KILN_HAVE_DNNL
+
+}  // namespace kiln::cpu
