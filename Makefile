@@ -4,7 +4,7 @@ BUILD_TYPE ?= Release
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build test train bench parity fuzz gpu-deps gpu-check clean
+.PHONY: all deps configure build test train bench bench-torch parity fuzz gpu-deps gpu-check clean
 
 all: build
 
@@ -42,6 +42,29 @@ train: build
 bench: build
 	$(BUILD)/bin/kiln-bench ops
 	$(BUILD)/bin/kiln-bench train --arch resnet50 --batch 8 --image-size 64 --device cpu
+
+# kiln against PyTorch on the CPU (README, "Tools"), not part of `make test`: each config's
+# training step in PyTorch eager, torch.compile, kiln eager and kiln compiled, interleaved
+# (BENCH_ROUNDS rounds of a fresh process per mode, BENCH_STEPS timed steps each, every
+# process on BENCH_THREADS threads, all cores by default); a table, and the JSON report in
+# $(BUILD)/bench-torch/$(BENCH).json. BENCH=convs times every distinct convolution of the
+# ResNet configs instead (forward and both gradients, with each shape's share of a step).
+# BENCH_CONFIGS picks some of resnet50-b8-64, resnet18-b64-32, mlp-block-x4,
+# resnet50-b32-32; BENCH_ARGS adds options of tools/bench_vs_torch.py (--channels-last,
+# --reps). PyTorch runs from a venv outside the build, TORCH_VENV, which
+# tools/torch-venv.sh makes and fills from PyPI when it lacks torch or torchvision.
+TORCH_VENV ?= $(HOME)/.cache/kiln/torch-venv
+BENCH ?= train
+BENCH_CONFIGS ?= resnet50-b8-64,resnet18-b64-32,mlp-block-x4,resnet50-b32-32
+BENCH_ROUNDS ?= 3
+BENCH_STEPS ?= 5
+BENCH_THREADS ?= $(shell nproc)
+BENCH_ARGS ?=
+bench-torch: build
+	@python=$$(TORCH_VENV="$(TORCH_VENV)" tools/torch-venv.sh) && \
+	  python3 tools/bench_vs_torch.py --bench $(BENCH) --configs $(BENCH_CONFIGS) --rounds $(BENCH_ROUNDS) \
+	    --steps $(BENCH_STEPS) --threads $(BENCH_THREADS) --kiln-bench $(BUILD)/bin/kiln-bench \
+	    --python "$$python" --out $(BUILD)/bench-torch/$(BENCH).json $(BENCH_ARGS)
 
 # ResNet-18 against torchvision (Debian's python3-torch); not part of `make test`, whose
 # machines need not download PyTorch. Installs it when run as root.

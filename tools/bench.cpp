@@ -1,5 +1,6 @@
 // kiln-bench: speed measured as ratios in one run. `kiln-bench ops` times single ops and
-// prints one JSON line each.
+// prints one JSON line each; `train` and `mlp-block` time training steps, `convs` a
+// model's convolutions (tools/bench_vs_torch.py runs them against PyTorch).
 #include <algorithm>
 #include <array>
 #include <ranges>
@@ -228,6 +229,7 @@ struct TrainBenchOptions {
   std::string device = "cpu";
   int64_t batch = 8, micro_batch = 0, image_size = 64, classes = 1000, steps = 10, warmup = 2;
   bool compile = false;  // also time the compiled step, in the same run
+  std::string only;      // time this one mode alone ("eager", "compiled", ...; empty: all)
   bool profile = false;  // print where the compiled step's time goes (to stderr)
   bool channels_last = false;  // the batch (so eager's whole step) channels-last
   compiler::LayoutPolicy layout = compiler::LayoutPolicy::automatic;  // the compiled modes' layout pass
@@ -236,6 +238,7 @@ struct TrainBenchOptions {
 
 struct TrainTiming {
   double median_ms = 0, peak_mib = 0, first_call_s = 0;
+  double min_ms = 0, max_ms = 0;  // the fastest and slowest timed step (time_steps)
 };
 
 double median_of(std::vector<double> v) {
@@ -266,6 +269,9 @@ TrainTiming time_steps(const std::function<void()>& step, int64_t warmup, int64_
     ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   }
   t.median_ms = median_of(ms);
+  const auto [fastest, slowest] = std::ranges::minmax(ms);
+  t.min_ms = fastest;
+  t.max_ms = slowest;
   t.peak_mib = static_cast<double>(memory_stats(device.type).peak) / 1048576.0;
   return t;
 }
@@ -428,6 +434,30 @@ int bench_train(const TrainBenchOptions& o) {
     if (device.is_cuda()) cuda::synchronize(device.index);
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   };
+  // Read after the timed steps: the CUDA fields include the allocator's peak.
+  auto device_fields = [&]() -> std::string {
+    if (device.is_cpu()) return blas_field();
+    const std::vector<std::string> fallback = cuda::host_fallback_ops();
+    return fmt::format(
+        R"(,"tf32":true,"cudnn_benchmark":true,"reserved_mib":{:.1f},"host_fallback_ops":[{}])",
+        static_cast<double>(cuda::allocator_stats(device.index).peak_reserved) / 1048576.0,
+        fmt::join(
+            fallback | std::views::transform([](const std::string& n) { return "\"" + n + "\""; }),
+            ","));
+  };
+  if (!o.only.empty()) {
+    // One mode alone, in a process of its own (tools/bench_vs_torch.py runs each mode so,
+    // interleaved with PyTorch's), with the range of its step times.
+    const auto it = std::ranges::find(modes, o.only, &Mode::name);
+    if (it == modes.end())
+      fail("kiln-bench train: --only {}: expected one of {} (the compiled modes need --compile)",
+           o.only, fmt::join(modes | std::views::transform(&Mode::name), ", "));
+    const TrainTiming t = time_steps(it->step, it->warmup, o.steps, device);
+    line(it->name.c_str(), t,
+         fmt::format(R"({},"min_step_ms":{:.1f},"max_step_ms":{:.1f})", device_fields(), t.min_ms,
+                     t.max_ms));
+    return 0;
+  }
   for (Mode& m : modes)
     for (int64_t i = 0; i < m.warmup; ++i) {
       const double ms = run(m);
@@ -445,14 +475,7 @@ int bench_train(const TrainBenchOptions& o) {
   std::vector<TrainTiming> timing;
   for (const Mode& m : modes) timing.push_back({median_of(m.ms), m.peak, m.first_call_s});
 
-  std::string extra;
-  if (device.is_cpu()) extra = blas_field();
-  if (device.is_cuda()) {
-    const std::vector<std::string> fallback = cuda::host_fallback_ops();
-    extra = fmt::format(R"(,"tf32":true,"cudnn_benchmark":true,"reserved_mib":{:.1f},"host_fallback_ops":[{}])",
-                        static_cast<double>(cuda::allocator_stats(device.index).peak_reserved) / 1048576.0,
-                        fmt::join(fallback | std::views::transform([](const std::string& n) { return "\"" + n + "\""; }), ","));
-  }
+  const std::string extra = device_fields();
   line("eager", timing[0], extra);
   if (o.compile) {
     const CompiledFunction* functions[] = {nullptr, &*compiled, &*whole, &*split, graphed ? &*graphed : nullptr,
@@ -495,13 +518,15 @@ int bench_train(const TrainBenchOptions& o) {
 
 struct MlpBlockOptions {
   int64_t batch = 256, width = 1024, hidden = 0, steps = 10, warmup = 2;  // hidden 0: 4 * width
+  int64_t blocks = 1;       // blocks in a row, each feeding the next
   int64_t micro_steps = 1;  // backward passes accumulated into .grad per step (one batch each)
-  bool describe = false;  // print the compiled program's steps (stderr)
-  bool profile = false;   // print where the compiled step's time goes (stderr)
+  bool adamw = false;       // end each step with an AdamW update (eager, in both modes)
+  std::string only;         // time this one mode alone: eager or compiled (empty: both)
+  bool describe = false;    // print the compiled program's steps (stderr)
+  bool profile = false;     // print where the compiled step's time goes (stderr)
 };
 
-// The parameters of y = x + fc2(gelu(fc1(layer_norm(x)))), and its training step: forward,
-// the loss mean(y^2), backward (the gradients become the parameters' .grad).
+// The parameters of y = x + fc2(gelu(fc1(layer_norm(x)))).
 struct MlpBlock {
   Tensor ln_weight, ln_bias, fc1_weight, fc1_bias, fc2_weight, fc2_bias;
   MlpBlock(int64_t width, int64_t hidden) {
@@ -509,7 +534,8 @@ struct MlpBlock {
       t.requires_grad_(true);
       return t;
     };
-    const double s1 = 1.0 / std::sqrt(static_cast<double>(width)), s2 = 1.0 / std::sqrt(static_cast<double>(hidden));
+    const double s1 = 1.0 / std::sqrt(static_cast<double>(width)),
+                 s2 = 1.0 / std::sqrt(static_cast<double>(hidden));
     ln_weight = param(ones({width}) + randn({width}) * 0.1);
     ln_bias = param(randn({width}) * 0.1);
     fc1_weight = param(randn({hidden, width}) * s1);
@@ -517,14 +543,28 @@ struct MlpBlock {
     fc2_weight = param(randn({width, hidden}) * s2);
     fc2_bias = param(randn({width}) * 0.1);
   }
-  std::vector<Tensor> parameters() const { return {ln_weight, ln_bias, fc1_weight, fc1_bias, fc2_weight, fc2_bias}; }
+  std::vector<Tensor> parameters() const {
+    return {ln_weight, ln_bias, fc1_weight, fc1_bias, fc2_weight, fc2_bias};
+  }
   Tensor forward(const Tensor& x) const {
     const Tensor h = layer_norm(x, {x.size(-1)}, ln_weight, ln_bias, 1e-5);
     const Tensor a = gelu(matmul(h, fc1_weight.t()) + fc1_bias);
     return x + (matmul(a, fc2_weight.t()) + fc2_bias);
   }
+};
+
+// MLP blocks in a row and their training step: forward, the loss mean(y^2), backward (the
+// gradients become the parameters' .grad).
+struct MlpStack {
+  std::vector<MlpBlock> blocks;
+  std::vector<Tensor> parameters() const {
+    std::vector<Tensor> all;
+    for (const MlpBlock& b : blocks) std::ranges::copy(b.parameters(), std::back_inserter(all));
+    return all;
+  }
   std::vector<Tensor> step(const std::vector<Tensor>& args) const {
-    const Tensor y = forward(args[0]);
+    Tensor y = args[0];
+    for (const MlpBlock& b : blocks) y = b.forward(y);
     Tensor loss = mean(y * y);
     loss.backward();
     return {loss.detach()};
@@ -534,33 +574,61 @@ struct MlpBlock {
   }
 };
 
-// One JSON line per mode (eager, compiled): the median time of the block's training step on
-// one batch, and the peak bytes of live tensors, with the compiled step's speedup.
+// One JSON line per mode (eager, compiled): the median time of the blocks' training step
+// on one batch, and the peak bytes of live tensors, with the compiled step's speedup.
 int bench_mlp_block(const MlpBlockOptions& o) {
-  KILN_CHECK(o.batch > 0 && o.width > 0 && o.hidden >= 0 && o.steps > 0 && o.warmup >= 1 && o.micro_steps > 0,
-             "kiln-bench mlp-block: --batch, --width, --steps, --warmup and --micro-steps must be positive");
+  KILN_CHECK(o.batch > 0 && o.width > 0 && o.hidden >= 0 && o.steps > 0 && o.warmup >= 1 &&
+                 o.micro_steps > 0,
+             "kiln-bench mlp-block: --batch, --width, --steps, --warmup and --micro-steps must be "
+             "positive");
   manual_seed(0);
   const int64_t hidden = o.hidden > 0 ? o.hidden : 4 * o.width;
-  const MlpBlock block(o.width, hidden);
+  MlpStack stack;
+  for (int64_t b = 0; b < o.blocks; ++b) stack.blocks.emplace_back(o.width, hidden);
   const Tensor x = randn({o.batch, o.width});
-  auto line = [&](const char* mode, const TrainTiming& t, const std::string& extra) {
+  // PyTorch's AdamW defaults (lr 1e-3, weight decay 1e-2), as tools/bench_torch.py has them.
+  std::optional<optim::AdamW> adamw;
+  if (o.adamw) adamw.emplace(stack.parameters());
+  auto line = [&](const std::string& mode, const TrainTiming& t, const std::string& extra) {
     std::cout << fmt::format(
-        R"({{"bench":"mlp-block","mode":"{}","batch":{},"width":{},"hidden":{},"micro_steps":{},"steps":{},)"
-        R"("median_step_ms":{:.2f},"peak_mib":{:.1f},"first_call_s":{:.2f}{}}})" "\n",
-        mode, o.batch, o.width, hidden, o.micro_steps, o.steps, t.median_ms, t.peak_mib, t.first_call_s, extra);
+        R"({{"bench":"mlp-block","mode":"{}","batch":{},"width":{},"hidden":{},"blocks":{},"optimizer":"{}",)"
+        R"("micro_steps":{},"steps":{},"median_step_ms":{:.2f},"peak_mib":{:.1f},"first_call_s":{:.2f}{}}})"
+        "\n",
+        mode, o.batch, o.width, hidden, o.blocks, o.adamw ? "adamw" : "none", o.micro_steps,
+        o.steps, t.median_ms, t.peak_mib, t.first_call_s, extra);
   };
   compiler::CompiledFunction compiled =
-      compiler::compile([&block](const std::vector<Tensor>& args) { return block.step(args); },
+      compiler::compile([&stack](const std::vector<Tensor>& args) { return stack.step(args); },
                         {.profile = o.profile});
   // Micro-steps after the first accumulate into .grad (a graph of their own when compiled).
   auto eager_step = [&] {
-    block.clear_grads();
-    for (int64_t m = 0; m < o.micro_steps; ++m) block.step({x});
+    stack.clear_grads();
+    for (int64_t m = 0; m < o.micro_steps; ++m) stack.step({x});
+    if (adamw) adamw->step();
   };
   auto compiled_step = [&] {
-    block.clear_grads();
+    stack.clear_grads();
     for (int64_t m = 0; m < o.micro_steps; ++m) compiled({x});
+    if (adamw) adamw->step();
   };
+  auto report_compiled = [&] {
+    if (o.describe)
+      for (const compiler::Trace* t : compiled.traces()) std::cerr << compiler::print(t->graph);
+    if (o.profile) std::cerr << compiled.profile();
+  };
+  if (!o.only.empty()) {
+    // One mode alone, in a process of its own (tools/bench_vs_torch.py runs each mode so,
+    // interleaved with PyTorch's), with the range of its step times.
+    const bool eager_only = o.only == "eager";
+    const TrainTiming t = eager_only
+                              ? time_steps(eager_step, o.warmup, o.steps)
+                              : time_steps(compiled_step, std::max<int64_t>(o.warmup, 2), o.steps);
+    line(o.only, t,
+         fmt::format(R"({},"min_step_ms":{:.2f},"max_step_ms":{:.2f})", blas_field(), t.min_ms,
+                     t.max_ms));
+    if (!eager_only) report_compiled();
+    return 0;
+  }
   // The two steps alternate, so that both see the same load on a shared machine; each peak
   // is measured over a run of its own steps.
   TrainTiming eager, timed;
@@ -575,21 +643,22 @@ int bench_mlp_block(const MlpBlockOptions& o) {
     eager_step();
     compiled_step();
   }
-  // The step's six matrix products alone (the shapes and operand layouts the step's
-  // forward and backward give them), timed in the same rounds: both modes run them through
-  // the same GEMM, so the time outside them is what fusion can change.
+  // The step's six matrix products per block alone (the shapes and operand layouts the
+  // step's forward and backward give them), timed in the same rounds: both modes run them
+  // through the same GEMM, so the time outside them is what fusion can change.
   const Tensor h = randn({o.batch, o.width}), a = randn({o.batch, hidden});
   const Tensor g1 = randn({o.batch, hidden}), g2 = randn({o.batch, o.width});
   auto gemms = [&] {
     NoGradGuard no_grad;
-    for (int64_t m = 0; m < o.micro_steps; ++m) {
-      matmul(h, block.fc1_weight.t());
-      matmul(a, block.fc2_weight.t());
-      matmul(g2, block.fc2_weight);
-      matmul(g2.t(), a);
-      matmul(g1, block.fc1_weight);
-      matmul(g1.t(), h);
-    }
+    for (int64_t m = 0; m < o.micro_steps; ++m)
+      for (const MlpBlock& b : stack.blocks) {
+        matmul(h, b.fc1_weight.t());
+        matmul(a, b.fc2_weight.t());
+        matmul(g2, b.fc2_weight);
+        matmul(g2.t(), a);
+        matmul(g1, b.fc1_weight);
+        matmul(g1.t(), h);
+      }
   };
   gemms();
   std::vector<double> eager_ms, compiled_ms, gemm_ms;
@@ -603,21 +672,134 @@ int bench_mlp_block(const MlpBlockOptions& o) {
   eager.peak_mib = time_steps(eager_step, 1, 1).peak_mib;
   timed.peak_mib = time_steps(compiled_step, 1, 1).peak_mib;
   line("eager", eager, blas_field());
-  std::vector<Tensor> grads;
-  for (const Tensor& p : block.parameters()) grads.push_back(p.grad());
-  eager_step();
-  double max_error = 0;
-  for (size_t i = 0; i < grads.size(); ++i)
-    max_error = std::max(max_error, max(abs(grads[i] - block.parameters()[i].grad())).item<double>());
+  // The two modes' gradients of the same parameters (an optimizer would have moved them).
+  std::string grad_diff;
+  if (!adamw) {
+    std::vector<Tensor> grads;
+    for (const Tensor& p : stack.parameters()) grads.push_back(p.grad());
+    eager_step();
+    double max_error = 0;
+    for (size_t i = 0; i < grads.size(); ++i)
+      max_error =
+          std::max(max_error, max(abs(grads[i] - stack.parameters()[i].grad())).item<double>());
+    grad_diff = fmt::format(R"(,"max_grad_diff":{:.3g})", max_error);
+  }
   const double gemm = median_of(gemm_ms);
   line("compiled", timed,
-       fmt::format(R"(,"speedup_vs_eager":{:.3f},"peak_ratio_vs_eager":{:.3f},"max_grad_diff":{:.3g},)"
+       fmt::format(R"(,"speedup_vs_eager":{:.3f},"peak_ratio_vs_eager":{:.3f}{},)"
                    R"("gemm_ms":{:.2f},"speedup_outside_gemm":{:.3f})",
-                   eager.median_ms / timed.median_ms, timed.peak_mib / eager.peak_mib, max_error, gemm,
-                   (eager.median_ms - gemm) / std::max(timed.median_ms - gemm, 1e-3)));
-  if (o.describe)
-    for (const compiler::Trace* t : compiled.traces()) std::cerr << compiler::print(t->graph);
-  if (o.profile) std::cerr << compiled.profile();
+                   eager.median_ms / timed.median_ms, timed.peak_mib / eager.peak_mib, grad_diff,
+                   gemm, (eager.median_ms - gemm) / std::max(timed.median_ms - gemm, 1e-3)));
+  report_compiled();
+  return 0;
+}
+
+// A model at a batch and image size whose convolutions `kiln-bench convs` times.
+struct ConvModel {
+  std::string arch;
+  int64_t batch = 1, image_size = 32;
+};
+
+struct ConvsOptions {
+  // The sizes kiln-bench train and tools/bench_vs_torch.py time these models at.
+  std::vector<ConvModel> models = {{"resnet18", 64, 32}, {"resnet50", 8, 64}, {"resnet50", 32, 32}};
+  bool channels_last = false;  // input and output gradient NHWC (the weight stays OIHW)
+  bool list = false;           // the shapes and their uses, untimed
+  int64_t reps = 5;
+};
+
+// One distinct convolution of a model's forward: its geometry at the model's batch, how
+// many times one forward runs it, and whether training takes its input's gradient (not for
+// the stem's, whose input is the image).
+struct ConvUse {
+  Conv2dGeometry geometry;
+  int64_t uses = 0;
+  bool input_grad = true;
+};
+
+// The convolutions of one forward of the model (traced through the op hook, in eval mode
+// at batch 1), the distinct ones in the order they first run.
+std::vector<ConvUse> conv_uses(const ConvModel& m) {
+  manual_seed(0);
+  const std::shared_ptr<nn::Module> model = train::make_model(m.arch, 1000, 3, m.image_size);
+  model->eval();
+  const Tensor image = randn({1, 3, m.image_size, m.image_size});
+  auto key = [](const Conv2dGeometry& g) {
+    return std::tuple(g.input_shape(), g.weight_shape(), g.stride_h, g.stride_w, g.pad_h, g.pad_w,
+                      g.dilation_h, g.dilation_w, g.groups);
+  };
+  std::vector<ConvUse> convs;
+  NoGradGuard no_grad;
+  OpHookGuard hook([&](const OpCall& call) {
+    if (call.op.name != "conv2d") return;
+    Conv2dGeometry g =
+        conv2d_geometry(call.inputs[0].shape(), call.inputs[1].shape(), call.attrs, "conv2d");
+    g.batch = m.batch;
+    const auto seen =
+        std::ranges::find_if(convs, [&](const ConvUse& c) { return key(c.geometry) == key(g); });
+    ConvUse& use = seen != convs.end() ? *seen : convs.emplace_back(ConvUse{.geometry = g});
+    ++use.uses;
+    use.input_grad = use.input_grad && !call.inputs[0].same(image);
+  });
+  model->forward(image);
+  return convs;
+}
+
+// The median of `reps` runs of f after one warm-up, in milliseconds.
+double median_ms(const std::function<void()>& f, int64_t reps) {
+  f();
+  std::vector<double> ms;
+  for (int64_t i = 0; i < reps; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    ms.push_back(
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return median_of(ms);
+}
+
+// One JSON line per distinct convolution of each model: its shapes, uses per forward,
+// and the time of its forward and its two gradients (the ops a training step runs), with
+// GFLOP/s. tools/bench_vs_torch.py times the same shapes in PyTorch.
+int bench_convs(const ConvsOptions& o) {
+  const MemoryFormat format =
+      o.channels_last ? MemoryFormat::channels_last : MemoryFormat::contiguous;
+  for (const ConvModel& m : o.models)
+    for (const ConvUse& c : conv_uses(m)) {
+      const Conv2dGeometry& g = c.geometry;
+      const Conv2dOptions opts{.stride = {g.stride_h, g.stride_w},
+                               .padding = {g.pad_h, g.pad_w},
+                               .dilation = {g.dilation_h, g.dilation_w},
+                               .groups = g.groups};
+      // Multiply-adds of the forward; each gradient takes as many.
+      const double gflop =
+          2e-9 * static_cast<double>(numel_of(g.output_shape()) * (g.in_channels / g.groups) *
+                                     g.kernel_h * g.kernel_w);
+      std::string line = fmt::format(
+          R"({{"bench":"conv","model":"{}","batch":{},"image_size":{},"input":[{}],"weight":[{}],"output":[{}],)"
+          R"("stride":[{},{}],"padding":[{},{}],"dilation":[{},{}],"groups":{},"uses":{},"input_grad":{},)"
+          R"("layout":"{}","dtype":"f32","gflop":{:.4f})",
+          m.arch, m.batch, m.image_size, fmt::join(g.input_shape(), ","),
+          fmt::join(g.weight_shape(), ","), fmt::join(g.output_shape(), ","), g.stride_h,
+          g.stride_w, g.pad_h, g.pad_w, g.dilation_h, g.dilation_w, g.groups, c.uses, c.input_grad,
+          o.channels_last ? "channels_last" : "contiguous", gflop);
+      if (!o.list) {
+        const Tensor x = randn(g.input_shape()).contiguous(format), w = randn(g.weight_shape());
+        const Tensor grad_out = randn(g.output_shape()).contiguous(format);
+        const double forward = median_ms([&] { Tensor t = conv2d(x, w, {}, opts); }, o.reps);
+        const double input = median_ms(
+            [&] { Tensor t = conv2d_backward_input(grad_out, w, g.input_shape(), opts); }, o.reps);
+        const double weight = median_ms(
+            [&] { Tensor t = conv2d_backward_weight(grad_out, x, g.weight_shape(), opts); },
+            o.reps);
+        line += fmt::format(
+            R"(,"reps":{},"forward_ms":{:.3f},"backward_input_ms":{:.3f},"backward_weight_ms":{:.3f},)"
+            R"("forward_gflop_per_s":{:.1f},"backward_input_gflop_per_s":{:.1f},"backward_weight_gflop_per_s":{:.1f}{})",
+            o.reps, forward, input, weight, gflop * 1e3 / forward, gflop * 1e3 / input,
+            gflop * 1e3 / weight, blas_field());
+      }
+      std::cout << line << "}" << std::endl;
+    }
   return 0;
 }
 
@@ -636,6 +818,16 @@ MlpBlockOptions parse_mlp_block_options(int argc, char** argv) {
     }
     KILN_CHECK(i + 1 < argc, "kiln-bench mlp-block: {} needs a value", option);
     const std::string value = argv[++i];
+    if (option == "--optimizer") {
+      KILN_CHECK(value == "none" || value == "adamw", "kiln-bench mlp-block: --optimizer {}: expected none or adamw", value);
+      o.adamw = value == "adamw";
+      continue;
+    }
+    if (option == "--only") {
+      KILN_CHECK(value == "eager" || value == "compiled", "kiln-bench mlp-block: --only {}: expected eager or compiled", value);
+      o.only = value;
+      continue;
+    }
     int64_t v = 0;
     try {
       size_t used = 0;
@@ -650,6 +842,7 @@ MlpBlockOptions parse_mlp_block_options(int argc, char** argv) {
     else if (option == "--steps") o.steps = v;
     else if (option == "--warmup") o.warmup = v;
     else if (option == "--micro-steps") o.micro_steps = v;
+    else if (option == "--blocks") o.blocks = v;
     else fail("kiln-bench mlp-block: unknown option {}", option);
   }
   check_range("kiln-bench mlp-block: --batch", o.batch, 1, 1 << 20);
@@ -658,6 +851,50 @@ MlpBlockOptions parse_mlp_block_options(int argc, char** argv) {
   check_range("kiln-bench mlp-block: --steps", o.steps, 1, 1'000'000);
   check_range("kiln-bench mlp-block: --warmup", o.warmup, 1, 1'000'000);
   check_range("kiln-bench mlp-block: --micro-steps", o.micro_steps, 1, 1'000'000);
+  check_range("kiln-bench mlp-block: --blocks", o.blocks, 1, 1024);
+  return o;
+}
+
+ConvsOptions parse_convs_options(int argc, char** argv) {
+  ConvsOptions o;
+  bool default_models = true;
+  auto integer = [](const std::string& option, const std::string& value) -> int64_t {
+    try {
+      size_t used = 0;
+      const long long v = std::stoll(value, &used);
+      if (used == value.size()) return v;
+    } catch (const std::exception&) {
+    }
+    fail("kiln-bench convs: {} {}: expected an integer", option, value);
+  };
+  for (int i = 2; i < argc; ++i) {
+    const std::string option = argv[i];
+    if (option == "--channels-last" || option == "--list") {
+      (option == "--list" ? o.list : o.channels_last) = true;
+      continue;
+    }
+    KILN_CHECK(i + 1 < argc, "kiln-bench convs: {} needs a value", option);
+    const std::string value = argv[++i];
+    if (option == "--reps") {
+      o.reps = integer(option, value);
+    } else if (option == "--model") {
+      // ARCH:BATCH:IMAGE_SIZE
+      const size_t a = value.find(':'), b = value.find(':', a == std::string::npos ? a : a + 1);
+      KILN_CHECK(a != std::string::npos && b != std::string::npos,
+                 "kiln-bench convs: --model {}: expected ARCH:BATCH:IMAGE_SIZE (resnet18:64:32)",
+                 value);
+      if (default_models) o.models.clear();
+      default_models = false;
+      ConvModel& m = o.models.emplace_back(ConvModel{.arch = value.substr(0, a)});
+      m.batch = integer(option, value.substr(a + 1, b - a - 1));
+      m.image_size = integer(option, value.substr(b + 1));
+      check_range("kiln-bench convs: --model's batch", m.batch, 1, 1 << 16);
+      check_range("kiln-bench convs: --model's image size", m.image_size, 1, train::kMaxImageSize);
+    } else {
+      fail("kiln-bench convs: unknown option {}", option);
+    }
+  }
+  check_range("kiln-bench convs: --reps", o.reps, 1, 1'000'000);
   return o;
 }
 
@@ -682,6 +919,7 @@ TrainBenchOptions parse_train_options(int argc, char** argv) {
     };
     if (option == "--arch") o.arch = value;
     else if (option == "--device") o.device = value;
+    else if (option == "--only") o.only = value;
     else if (option == "--batch") o.batch = number();
     else if (option == "--micro-batch") o.micro_batch = number();
     else if (option == "--image-size") o.image_size = number();
@@ -722,7 +960,8 @@ int main(int argc, char** argv) {
     }
     if (argc >= 2 && std::strcmp(argv[1], "train") == 0) return bench_train(parse_train_options(argc, argv));
     if (argc >= 2 && std::strcmp(argv[1], "mlp-block") == 0) return bench_mlp_block(parse_mlp_block_options(argc, argv));
-    std::cerr << "usage: kiln-bench ops | train [options] | mlp-block [options]\n"
+    if (argc >= 2 && std::strcmp(argv[1], "convs") == 0) return bench_convs(parse_convs_options(argc, argv));
+    std::cerr << "usage: kiln-bench ops | train [options] | mlp-block [options] | convs [options]\n"
                  "  ops    GFLOP/s of a 1024^3 f32 matmul, GB/s of a 64M-element add against\n"
                  "         memcpy, ms of ResNet-50-sized conv2d ops; bf16 products and convolutions\n"
                  "         with their speedup over f32; one JSON line each. --device cuda:\n"
@@ -735,12 +974,20 @@ int main(int argc, char** argv) {
                  "         channels_last: where the compiled modes' layout pass runs convolutions NHWC]\n"
                  "         [--amp bf16|fp16: kiln-train's --amp step too (fp16 with dynamic loss scaling),\n"
                  "         eager and, with --compile, compiled, with speedups against the f32 steps]\n"
+                 "         [--only MODE: time that mode alone (eager, compiled, compiled-whole-step, ...), with\n"
+                 "         the fastest and slowest step]\n"
                  "  mlp-block  eager against compiled training step (forward, loss mean(y^2), backward) of\n"
                  "         y = x + fc2(gelu(fc1(layer_norm(x)))): --batch 256 --width 1024 --hidden 4*width\n"
                  "         --steps 10 --warmup 2 --micro-steps 1 (backward passes accumulated per step)\n"
                  "         [--describe: the traced graph on stderr; --profile: where the\n"
                  "         compiled step's time goes, on stderr; KILN_DUMP=DIR: every stage]; the compiled\n"
-                 "         line adds the time of the step's six matmuls alone and the speedup outside them\n";
+                 "         line adds the time of the step's six matmuls alone and the speedup outside them\n"
+                 "         [--blocks N: N blocks in a row] [--optimizer none|adamw: an AdamW update ends\n"
+                 "         each step] [--only eager|compiled: that mode alone, with its fastest and slowest step]\n"
+                 "  convs  every distinct conv2d of a model's forward (traced), with its uses per forward:\n"
+                 "         median ms and GFLOP/s of forward, backward-input and backward-weight, one JSON line\n"
+                 "         each: --model ARCH:BATCH:IMAGE_SIZE (repeatable; default resnet18:64:32,\n"
+                 "         resnet50:8:64, resnet50:32:32) --reps 5 [--channels-last] [--list: shapes only]\n";
     return 2;
   });
 }

@@ -16,6 +16,10 @@ torch.cuda.max_memory_allocated over the timed steps (null on the CPU); compile_
 wall time of the first compiled step, tracing and code generation included (null in eager).
 --amp bf16|fp16 runs forward and loss under torch.autocast (fp16 with torch.amp.GradScaler),
 as kiln-bench train --amp does.
+--arch mlp-block is kiln-bench mlp-block's model instead: --blocks residual blocks
+y = x + fc2(gelu(fc1(layer_norm(x)))) on a [batch, width] input, loss mean(y^2), and
+--optimizer adamw (PyTorch's defaults) or none.
+--threads sets torch.set_num_threads (tools/bench_vs_torch.py gives kiln and PyTorch the same).
 --device cpu without sizes is a smoke test: batch 2, 32x32 images, 2 steps.
 --dry-run prints the plan as JSON and imports nothing.
 """
@@ -32,7 +36,15 @@ import time
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
-    p.add_argument("--arch", default="resnet50", help="a torchvision.models constructor name")
+    p.add_argument("--arch", default="resnet50", help="a torchvision.models constructor name, or mlp-block")
+    p.add_argument("--width", type=int, default=1024, help="mlp-block: features per sample")
+    p.add_argument("--hidden", type=int, default=0, help="mlp-block: hidden features (0: 4 * width)")
+    p.add_argument("--blocks", type=int, default=1, help="mlp-block: blocks in a row")
+    p.add_argument("--optimizer", choices=["sgd", "adamw", "none"],
+                   help="the update ending each step (resnets: sgd, mlp-block: none)")
+    p.add_argument("--memory-format", default="channels_last", choices=["channels_last", "contiguous"],
+                   help="of the resnets' weights and batch")
+    p.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: PyTorch's default)")
     p.add_argument("--batch", type=int, help="images per step (cuda 128, cpu 2)")
     p.add_argument("--image-size", type=int, help="height and width (cuda 224, cpu 32)")
     p.add_argument("--classes", type=int, default=1000)
@@ -58,7 +70,12 @@ def parse_args(argv):
             p.error(f"--modes: unknown mode {m!r} (eager, compiled)")
     if not a.modes:
         p.error("--modes: no mode given")
-    for name in ("batch", "image_size", "steps", "warmup", "classes"):
+    mlp = a.arch == "mlp-block"
+    a.optimizer = a.optimizer or ("none" if mlp else "sgd")
+    if mlp and a.optimizer == "sgd" or not mlp and a.optimizer != "sgd":
+        p.error(f"--optimizer {a.optimizer}: the resnets take sgd, mlp-block adamw or none")
+    a.hidden = a.hidden or 4 * a.width
+    for name in ("batch", "image_size", "steps", "warmup", "classes", "width", "blocks"):
         if getattr(a, name) < (0 if name == "warmup" else 1):
             p.error(f"--{name.replace('_', '-')} must be positive")
     return a
@@ -72,15 +89,44 @@ class CompileTimeout(Exception):
     pass
 
 
+def mlp_blocks(torch, a):
+    """kiln-bench mlp-block's model: residual blocks x + fc2(gelu(fc1(layer_norm(x))))."""
+    nn = torch.nn
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm = nn.LayerNorm(a.width, eps=1e-5)
+            self.fc1 = nn.Linear(a.width, a.hidden)
+            self.fc2 = nn.Linear(a.hidden, a.width)
+
+        def forward(self, x):
+            return x + self.fc2(nn.functional.gelu(self.fc1(self.norm(x))))
+
+    return nn.Sequential(*[Block() for _ in range(a.blocks)])
+
+
+def workload(torch, models, a, device):
+    """The model, its optimizer (or None), the batch and the loss of the model's output."""
+    torch.manual_seed(0)
+    if a.arch == "mlp-block":
+        model = mlp_blocks(torch, a).to(device).train()
+        optimizer = torch.optim.AdamW(model.parameters()) if a.optimizer == "adamw" else None
+        x = torch.randn(a.batch, a.width, device=device)
+        return model, optimizer, x, lambda out: (out * out).mean()
+    fmt = torch.channels_last if a.memory_format == "channels_last" else torch.contiguous_format
+    model = getattr(models, a.arch)(weights=None, num_classes=a.classes)
+    model = model.to(device=device, memory_format=fmt).train()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-5)
+    x = torch.randn(a.batch, 3, a.image_size, a.image_size, device=device).to(memory_format=fmt)
+    y = torch.randint(0, a.classes, (a.batch,), device=device)
+    return model, optimizer, x, lambda out: torch.nn.functional.cross_entropy(out, y)
+
+
 def run_mode(torch, models, a, mode):
     """Builds a fresh model and optimizer, runs warmup and timed steps, returns the line."""
     device = torch.device(a.device)
-    torch.manual_seed(0)
-    model = getattr(models, a.arch)(weights=None, num_classes=a.classes)
-    model = model.to(device=device, memory_format=torch.channels_last).train()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-5)
-    x = torch.randn(a.batch, 3, a.image_size, a.image_size, device=device).to(memory_format=torch.channels_last)
-    y = torch.randint(0, a.classes, (a.batch,), device=device)
+    model, optimizer, x, loss_of = workload(torch, models, a, device)
     cuda = device.type == "cuda"
 
     forward = model
@@ -95,16 +141,20 @@ def run_mode(torch, models, a, mode):
     scaler = torch.amp.GradScaler(device.type) if a.amp == "fp16" else None
 
     def step():
-        optimizer.zero_grad(set_to_none=True)
+        if optimizer is not None:
+            optimizer.zero_grad(set_to_none=True)
+        else:
+            model.zero_grad(set_to_none=True)
         with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
-            loss = torch.nn.functional.cross_entropy(forward(x), y)
+            loss = loss_of(forward(x))
         if scaler is not None:
             scaler.scale(loss).backward()
             scaler.step(optimizer)
             scaler.update()
         else:
             loss.backward()
-            optimizer.step()
+            if optimizer is not None:
+                optimizer.step()
         return loss
 
     def sync():
@@ -165,15 +215,21 @@ def run_mode(torch, models, a, mode):
         "compile_s": round(compile_s, 2) if compile_s is not None else None,
         "first_step_s": round(first_step_s, 2),
         "min_step_ms": round(min(ms), 2), "max_step_ms": round(max(ms), 2),
-        "steps": a.steps, "warmup": a.warmup, "device": a.device,
+        "steps": a.steps, "warmup": a.warmup, "device": a.device, "optimizer": a.optimizer,
+        "threads": torch.get_num_threads(),
         "tf32": not a.no_tf32, "cudnn_benchmark": cuda and not a.no_cudnn_benchmark,
         "amp": a.amp, "loss_scaling": scaler is not None,
         "loss_finite": math.isfinite(loss_value),
         "torch": torch.__version__,
     }
+    if a.arch == "mlp-block":
+        line.update(width=a.width, hidden=a.hidden, blocks=a.blocks)
+        del line["image_size"]
+    else:
+        line["memory_format"] = a.memory_format
     if cuda:
         line["gpu"] = torch.cuda.get_device_name(device)
-    del forward, model, optimizer, x, y, loss, scaler
+    del forward, model, optimizer, x, loss, scaler
     if cuda:
         torch.cuda.empty_cache()
     return line
@@ -184,13 +240,19 @@ def main(argv):
     plan = {"plan": "bench_torch", "device": a.device, "arch": a.arch, "batch": a.batch,
             "image_size": a.image_size, "classes": a.classes, "steps": a.steps, "warmup": a.warmup,
             "modes": a.modes, "compile_budget_s": a.compile_budget_s, "tf32": not a.no_tf32, "amp": a.amp,
+            "optimizer": a.optimizer, "threads": a.threads,
             "cudnn_benchmark": a.device == "cuda" and not a.no_cudnn_benchmark}
     if a.dry_run:
         print(json.dumps(plan))
         return 0
 
     import torch
-    import torchvision.models as models
+    if a.threads > 0:
+        torch.set_num_threads(a.threads)
+    if a.arch == "mlp-block":
+        models = None
+    else:
+        import torchvision.models as models
 
     if a.device == "cuda" and not torch.cuda.is_available():
         print("bench_torch: --device cuda but torch.cuda.is_available() is False", file=sys.stderr)
