@@ -422,7 +422,8 @@ int bench_train(const TrainBenchOptions& o) {
     modes.push_back({fmt::format("eager-amp-{}", name(*o.amp)),
                      [&] { train::train_step(*model, sgd, accumulation, x, y, 0.0, precision); }, o.warmup});
     if (o.compile) {
-      compiled_amp = compiler::compile(train::micro_step_function(*model, 0.0, precision), {.layout = o.layout});
+      compiled_amp = compiler::compile(train::micro_step_function(*model, 0.0, precision),
+                                       {.layout = o.layout, .profile = o.profile});
       modes.push_back({fmt::format("compiled-amp-{}", name(*o.amp)),
                        [&] { train::train_step_compiled(*compiled_amp, sgd, accumulation, x, y, precision); },
                        std::max<int64_t>(o.warmup, 2)});
@@ -496,6 +497,7 @@ int bench_train(const TrainBenchOptions& o) {
                        pieces, timing[0].median_ms / timing[i].median_ms, timing[i].peak_mib / timing[0].peak_mib));
     }
     if (o.profile) std::cerr << compiled->profile() << whole->profile() << split->profile();
+    if (o.profile && compiled_amp) std::cerr << compiled_amp->profile();
     if (tuned) std::cerr << "max-autotune's launches:\n" << tuned->autotune_report();
   }
   if (o.amp) {

@@ -445,19 +445,24 @@ void nhwc_call(const Tensor& activation, const Tensor& weight, const Tensor& out
 // kernel for it). Measured per ResNet-18/50 shape, forward, backward input and backward
 // weight, at the bench sizes (docs/design-notes.md, "CPU convolutions"): on NCHW
 // activations oneDNN is 1.5-25x faster but for the gradients of 3-channel images' input
-// and the weight gradients of 1024 or more input channels; on NHWC ones kiln's GEMMs win
-// at 1x1 kernels (no reorders) and at the weight gradients of many input channels, and
-// oneDNN the rest, less so on wide layers.
+// and the weight gradients of 1024 or more input channels. On NHWC f32 ones kiln's GEMMs
+// win at 1x1 kernels (no reorders) and at the weight gradients of many input channels, and
+// oneDNN the rest, less so on wide layers. In bf16 oneDNN's forward and input gradients
+// are 2-13x faster everywhere (AMX or AVX-512 BF16), its weight gradients only for
+// kernels larger than 1x1 over at most 256 input channels.
 enum class Pass : uint8_t { forward, backward_input, backward_weight };
 
 bool prefer_dnnl(Pass pass, const Tensor& activation, const Conv2dGeometry& g) {
   if (conv_backend() != ConvBackend::automatic) return conv_backend() == ConvBackend::dnnl;
   const int64_t channels = g.in_channels / g.groups;
+  const bool taps = g.kernel_h * g.kernel_w > 1;
   if (!nhwc_activation(activation, g)) {
     if (pass == Pass::backward_input) return channels >= 8;
     return pass == Pass::forward || channels < 1024;
   }
-  if (g.kernel_h * g.kernel_w == 1) return false;
+  if (activation.dtype() == DType::bf16)
+    return pass != Pass::backward_weight || (taps && channels <= 256);
+  if (!taps) return false;
   if (pass == Pass::forward) return channels <= 256;
   return pass == Pass::backward_input || channels <= 128;
 }
