@@ -153,6 +153,7 @@ struct Entry {
   std::string impl;
   dnnl::primitive primitive;
   memory::desc src, weights, dst, bias;  // the layouts the primitive works in
+  memory::desc scratchpad;               // the scratch memory one execution needs
 };
 
 using Key = std::tuple<Kind, std::vector<int64_t>, dt, dt, dt, dt>;
@@ -162,6 +163,14 @@ Key key_of(Kind kind, const Conv2dGeometry& g, dt src, dt weights, dt dst, dt bi
                             g.kernel_h, g.kernel_w,    g.stride_h,   g.stride_w,   g.pad_h,
                             g.pad_w,    g.dilation_h,  g.dilation_w, g.groups};
   return {kind, std::move(v), src, weights, dst, bias};
+}
+
+// Primitives take their scratch memory from each call (a kiln tensor), not from a buffer
+// of their own: two threads may run the same convolution at once.
+dnnl::primitive_attr user_scratchpad() {
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  return attr;
 }
 
 // The forward primitive descriptor, also the hint the backward ones need: for them src
@@ -178,7 +187,7 @@ dnnl::convolution_forward::primitive_desc forward_pd(const Conv2dGeometry& g, co
                          : dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training,
                                                            dnnl::algorithm::convolution_direct, s, w, d,
                                                            p.strides, p.dilates, p.padding, p.padding);
-  return dnnl::convolution_forward::primitive_desc(desc, cpu_engine());
+  return dnnl::convolution_forward::primitive_desc(desc, user_scratchpad(), cpu_engine());
 }
 
 bool is_reference(const std::string& impl) { return impl.rfind("ref", 0) == 0; }
@@ -192,6 +201,7 @@ Entry make_entry(Kind kind, const Conv2dGeometry& g, const memory::desc& src, co
     const auto fwd = forward_pd(g, src, weights, dst, bias, operands);
     if (kind == Kind::forward) {
       e.impl = fwd.impl_info_str();
+      e.scratchpad = fwd.scratchpad_desc();
       e.primitive = dnnl::convolution_forward(fwd);
       e.src = fwd.src_desc();
       e.weights = fwd.weights_desc();
@@ -201,8 +211,9 @@ Entry make_entry(Kind kind, const Conv2dGeometry& g, const memory::desc& src, co
       const dnnl::convolution_backward_data::desc desc(dnnl::algorithm::convolution_direct, any_of(src),
                                                        any_of(weights), any_of(dst), p.strides, p.dilates,
                                                        p.padding, p.padding);
-      const dnnl::convolution_backward_data::primitive_desc pd(desc, cpu_engine(), fwd);
+      const dnnl::convolution_backward_data::primitive_desc pd(desc, user_scratchpad(), cpu_engine(), fwd);
       e.impl = pd.impl_info_str();
+      e.scratchpad = pd.scratchpad_desc();
       e.primitive = dnnl::convolution_backward_data(pd);
       e.src = pd.diff_src_desc();
       e.weights = pd.weights_desc();
@@ -211,8 +222,9 @@ Entry make_entry(Kind kind, const Conv2dGeometry& g, const memory::desc& src, co
       const dnnl::convolution_backward_weights::desc desc(dnnl::algorithm::convolution_direct, any_of(src),
                                                           any_of(weights), any_of(dst), p.strides, p.dilates,
                                                           p.padding, p.padding);
-      const dnnl::convolution_backward_weights::primitive_desc pd(desc, cpu_engine(), fwd);
+      const dnnl::convolution_backward_weights::primitive_desc pd(desc, user_scratchpad(), cpu_engine(), fwd);
       e.impl = pd.impl_info_str();
+      e.scratchpad = pd.scratchpad_desc();
       e.primitive = dnnl::convolution_backward_weights(pd);
       e.src = pd.src_desc();
       e.weights = pd.diff_weights_desc();
@@ -288,7 +300,12 @@ const char* kind_name(Kind k) {
 }
 
 // Runs a primitive, turning oneDNN's failures into kiln errors naming the op.
-void execute(Kind kind, const Entry& e, const std::unordered_map<int, memory>& args, const Conv2dGeometry& g) {
+void execute(Kind kind, const Entry& e, std::unordered_map<int, memory> args, const Conv2dGeometry& g) {
+  Tensor scratch;
+  if (e.scratchpad.get_size() > 0) {
+    scratch = make_tensor({static_cast<int64_t>(e.scratchpad.get_size())}, DType::u8);
+    args.emplace(DNNL_ARG_SCRATCHPAD, memory(e.scratchpad, cpu_engine(), scratch.data_ptr()));
+  }
   try {
     e.primitive.execute(cpu_stream(), args);
     cpu_stream().wait();

@@ -4,6 +4,7 @@
 // that only read padding. Tolerances are the error bound of two f32 sums of the same
 // products in different orders, from the sums of the products' magnitudes.
 #include <cmath>
+#include <thread>
 
 #include "core/ops/conv.h"
 #include "kernels/cpu/conv_dnnl.h"
@@ -177,4 +178,26 @@ TEST_CASE("conv2d_backward_weight: taps that only read padding get zero, or keep
   Tensor outside = sum - added;
   outside.slice(2, 1, 2).slice(3, 1, 2).zero_();
   KILN_CHECK_EQUAL(outside, zeros({5, 6, 3, 3}));
+}
+
+TEST_CASE("conv2d through oneDNN: two threads may run the same convolution at once", "[conv][dnnl]") {
+  if (!cpu::conv_dnnl_available()) return;
+  BackendScope scope(cpu::ConvBackend::dnnl);
+  const DnnlCase c = dnnl_cases()[1];
+  const Tensor x = randn(c.input), w = randn(c.weight);
+  const Tensor y = conv2d(x, w, {}, c.options), g = randn(y.shape());
+  const Tensor gw = conv2d_backward_weight(g, x, c.weight, c.options);
+  // Each thread repeats the same calls; every result equals the first one, bit for bit
+  // (each call has its own scratch memory).
+  std::vector<int> mismatches(2, 0);
+  auto work = [&](int t) {
+    for (int i = 0; i < 20; ++i) {
+      if (!allclose(conv2d(x, w, {}, c.options), y, 0, 0)) ++mismatches[static_cast<size_t>(t)];
+      if (!allclose(conv2d_backward_weight(g, x, c.weight, c.options), gw, 0, 0)) ++mismatches[static_cast<size_t>(t)];
+    }
+  };
+  std::thread a(work, 0), b(work, 1);
+  a.join();
+  b.join();
+  CHECK(mismatches == std::vector<int>{0, 0});
 }
