@@ -446,8 +446,9 @@ void nhwc_call(const Tensor& activation, const Tensor& weight, const Tensor& out
 // weight, at the bench sizes (docs/design-notes.md, "CPU convolutions"): on NCHW
 // activations oneDNN is 1.5-25x faster but for the gradients of 3-channel images' input
 // and the weight gradients of 1024 or more input channels. On NHWC f32 ones kiln's GEMMs
-// win at 1x1 kernels (no reorders) and at the weight gradients of many input channels, and
-// oneDNN the rest, less so on wide layers. In bf16 oneDNN's forward and input gradients
+// win at 1x1 kernels (no reorders), where a kernel covers the whole input (one GEMM), and
+// at the weight gradients of more than 256 input channels, or 128 when strided; oneDNN the
+// rest, less so on wide layers (figures at 2 threads). In bf16 oneDNN's forward and input gradients
 // are 2-13x faster everywhere (AMX or AVX-512 BF16), its weight gradients only for
 // kernels larger than 1x1 over at most 256 input channels.
 enum class Pass : uint8_t { forward, backward_input, backward_weight };
@@ -462,9 +463,11 @@ bool prefer_dnnl(Pass pass, const Tensor& activation, const Conv2dGeometry& g) {
   }
   if (activation.dtype() == DType::bf16)
     return pass != Pass::backward_weight || (taps && channels <= 256);
-  if (!taps) return false;
+  // One output pixel per image (a kernel over the whole, cropped input): one GEMM.
+  if (!taps || g.out_h * g.out_w == 1) return false;
   if (pass == Pass::forward) return channels <= 256;
-  return pass == Pass::backward_input || channels <= 128;
+  const bool strided = g.stride_h * g.stride_w > 1;
+  return pass == Pass::backward_input || (channels <= 256 && (!strided || channels < 128));
 }
 
 // in = {x, w, bias or undefined}.
