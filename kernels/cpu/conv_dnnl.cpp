@@ -1,8 +1,9 @@
 // conv2d and its gradients through oneDNN (kernels/cpu/conv_dnnl.h). Each call describes
 // kiln's tensors to oneDNN as they are (dims and strides), asks for a convolution whose
-// layouts oneDNN chooses ("any"), reorders the operands into those layouts where they
-// differ, runs it, and reorders the result into the output tensor (converting its dtype
-// when they differ). Primitives are made once per geometry, dtypes and kind, and kept.
+// layouts oneDNN chooses ("any"; NHWC for NHWC activations where oneDNN has such a
+// kernel), reorders the operands into those layouts where they differ, runs it, and
+// reorders the result into the output tensor (converting its dtype when they differ).
+// Primitives are made once per geometry, dtypes, kind and activation layout, and kept.
 #include "kernels/cpu/conv_dnnl.h"
 
 #include <atomic>
@@ -156,13 +157,24 @@ struct Entry {
   memory::desc scratchpad;               // the scratch memory one execution needs
 };
 
-using Key = std::tuple<Kind, std::vector<int64_t>, dt, dt, dt, dt>;
+// How a primitive takes the activations: in oneDNN's blocked layouts, reordered at each
+// call, or as they are, NHWC (its brgemm and JIT kernels read NHWC directly on AVX-512;
+// elsewhere an NHWC primitive may be only the reference one, and blocked is tried next).
+enum class Activations : uint8_t { blocked, nhwc };
 
-Key key_of(Kind kind, const Conv2dGeometry& g, dt src, dt weights, dt dst, dt bias) {
+using Key = std::tuple<Kind, Activations, std::vector<int64_t>, dt, dt, dt, dt>;
+
+Key key_of(Kind kind, Activations a, const Conv2dGeometry& g, dt src, dt weights, dt dst, dt bias) {
   std::vector<int64_t> v = {g.batch,    g.in_channels, g.in_h,       g.in_w,       g.out_channels,
                             g.kernel_h, g.kernel_w,    g.stride_h,   g.stride_w,   g.pad_h,
                             g.pad_w,    g.dilation_h,  g.dilation_w, g.groups};
-  return {kind, std::move(v), src, weights, dst, bias};
+  return {kind, a, std::move(v), src, weights, dst, bias};
+}
+
+// An activation's descriptor for a primitive: NHWC, or the layout oneDNN chooses.
+memory::desc activation_for(const memory::desc& d, Activations a, dt type = dt::undef) {
+  if (a == Activations::blocked) return any_of(d, type);
+  return memory::desc(d.dims(), type == dt::undef ? d.data_type() : type, memory::format_tag::nhwc);
 }
 
 // Primitives take their scratch memory from each call (a kiln tensor), not from a buffer
@@ -176,11 +188,13 @@ dnnl::primitive_attr user_scratchpad() {
 // The forward primitive descriptor, also the hint the backward ones need: for them src
 // and weights take the operands' dtype `operands` (a gradient written in f32 from bf16
 // operands has no forward of its own).
-dnnl::convolution_forward::primitive_desc forward_pd(const Conv2dGeometry& g, const memory::desc& src,
-                                                     const memory::desc& weights, const memory::desc& dst,
-                                                     const memory::desc* bias, dt operands) {
+dnnl::convolution_forward::primitive_desc forward_pd(const Conv2dGeometry& g, Activations a,
+                                                     const memory::desc& src, const memory::desc& weights,
+                                                     const memory::desc& dst, const memory::desc* bias,
+                                                     dt operands) {
   const Geometry p(g);
-  const memory::desc s = any_of(src, operands), w = any_of(weights, operands), d = any_of(dst);
+  const memory::desc s = activation_for(src, a, operands), w = any_of(weights, operands),
+                     d = activation_for(dst, a);
   const auto desc = bias ? dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training,
                                                            dnnl::algorithm::convolution_direct, s, w, *bias, d,
                                                            p.strides, p.dilates, p.padding, p.padding)
@@ -192,13 +206,13 @@ dnnl::convolution_forward::primitive_desc forward_pd(const Conv2dGeometry& g, co
 
 bool is_reference(const std::string& impl) { return impl.rfind("ref", 0) == 0; }
 
-Entry make_entry(Kind kind, const Conv2dGeometry& g, const memory::desc& src, const memory::desc& weights,
-                 const memory::desc& dst, const memory::desc* bias) {
+Entry make_entry(Kind kind, Activations a, const Conv2dGeometry& g, const memory::desc& src,
+                 const memory::desc& weights, const memory::desc& dst, const memory::desc* bias) {
   Entry e;
   try {
     const Geometry p(g);
     const dt operands = kind == Kind::backward_weight ? src.data_type() : weights.data_type();
-    const auto fwd = forward_pd(g, src, weights, dst, bias, operands);
+    const auto fwd = forward_pd(g, a, src, weights, dst, bias, operands);
     if (kind == Kind::forward) {
       e.impl = fwd.impl_info_str();
       e.scratchpad = fwd.scratchpad_desc();
@@ -208,8 +222,9 @@ Entry make_entry(Kind kind, const Conv2dGeometry& g, const memory::desc& src, co
       e.dst = fwd.dst_desc();
       if (bias) e.bias = fwd.bias_desc();
     } else if (kind == Kind::backward_input) {
-      const dnnl::convolution_backward_data::desc desc(dnnl::algorithm::convolution_direct, any_of(src),
-                                                       any_of(weights), any_of(dst), p.strides, p.dilates,
+      const dnnl::convolution_backward_data::desc desc(dnnl::algorithm::convolution_direct,
+                                                       activation_for(src, a), any_of(weights),
+                                                       activation_for(dst, a), p.strides, p.dilates,
                                                        p.padding, p.padding);
       const dnnl::convolution_backward_data::primitive_desc pd(desc, user_scratchpad(), cpu_engine(), fwd);
       e.impl = pd.impl_info_str();
@@ -219,8 +234,9 @@ Entry make_entry(Kind kind, const Conv2dGeometry& g, const memory::desc& src, co
       e.weights = pd.weights_desc();
       e.dst = pd.diff_dst_desc();
     } else {
-      const dnnl::convolution_backward_weights::desc desc(dnnl::algorithm::convolution_direct, any_of(src),
-                                                          any_of(weights), any_of(dst), p.strides, p.dilates,
+      const dnnl::convolution_backward_weights::desc desc(dnnl::algorithm::convolution_direct,
+                                                          activation_for(src, a), any_of(weights),
+                                                          activation_for(dst, a), p.strides, p.dilates,
                                                           p.padding, p.padding);
       const dnnl::convolution_backward_weights::primitive_desc pd(desc, user_scratchpad(), cpu_engine(), fwd);
       e.impl = pd.impl_info_str();
@@ -237,17 +253,28 @@ Entry make_entry(Kind kind, const Conv2dGeometry& g, const memory::desc& src, co
   return e;
 }
 
-const Entry& entry(Kind kind, const Conv2dGeometry& g, const memory::desc& src, const memory::desc& weights,
-                   const memory::desc& dst, const memory::desc* bias) {
+// The primitive for a call whose activations are NHWC (`nhwc`: both dense channels_last)
+// or not: NHWC ones as they are where oneDNN has a kernel for that, else blocked.
+const Entry& entry(Kind kind, bool nhwc, const Conv2dGeometry& g, const memory::desc& src,
+                   const memory::desc& weights, const memory::desc& dst, const memory::desc* bias) {
   static std::mutex mutex;
   static std::map<Key, std::unique_ptr<Entry>> entries;
-  const Key key = key_of(kind, g, src.data_type(), weights.data_type(), dst.data_type(),
-                         bias ? bias->data_type() : dt::undef);
   std::lock_guard lock(mutex);
-  std::unique_ptr<Entry>& e = entries[key];
-  if (!e) e = std::make_unique<Entry>(make_entry(kind, g, src, weights, dst, bias));
-  return *e;
+  auto made = [&](Activations a) -> const Entry& {
+    const Key key = key_of(kind, a, g, src.data_type(), weights.data_type(), dst.data_type(),
+                           bias ? bias->data_type() : dt::undef);
+    std::unique_ptr<Entry>& e = entries[key];
+    if (!e) e = std::make_unique<Entry>(make_entry(kind, a, g, src, weights, dst, bias));
+    return *e;
+  };
+  if (nhwc) {
+    const Entry& direct = made(Activations::nhwc);
+    if (direct.usable) return direct;
+  }
+  return made(Activations::blocked);
 }
+
+bool channels_last_dense(const Tensor& t) { return t.dim() == 4 && t.is_contiguous(MemoryFormat::channels_last); }
 
 // A tensor's memory as oneDNN reads it, in the layout `want`: the tensor itself when it is
 // laid out so already, else a reorder of it into scratch (kept alive in `keep`).
@@ -330,7 +357,9 @@ bool dnnl_conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& bias_in, 
     const memory::desc bd = bias.defined() ? memory::desc({g.out_channels}, *data_type(bias.dtype()),
                                                           memory::format_tag::a)
                                            : memory::desc();
-    const Entry& e = entry(Kind::forward, g, src, wd, dst, bias.defined() ? &bd : nullptr);
+    // oneDNN's NHWC forward (brgemm) trails its blocked one on planes under 4x4.
+    const bool nhwc = channels_last_dense(x) && channels_last_dense(o) && g.out_h * g.out_w >= 16;
+    const Entry& e = entry(Kind::forward, nhwc, g, src, wd, dst, bias.defined() ? &bd : nullptr);
     if (!e.usable) return false;
     std::vector<Tensor> keep;
     std::unordered_map<int, memory> args = {{DNNL_ARG_SRC, input_in(x, src, e.src, keep)},
@@ -350,7 +379,8 @@ bool dnnl_conv2d_backward_input(const Tensor& grad_in, const Tensor& w_in, const
   const Tensor grad = dense_view(grad_in), w = dense_view(w_in);
   return into_dense(out, [&](const Tensor& o) {
     const memory::desc src = activation_desc(o), wd = weight_desc(w, g.groups), dst = activation_desc(grad);
-    const Entry& e = entry(Kind::backward_input, g, src, wd, dst, nullptr);
+    const bool nhwc = channels_last_dense(grad) && channels_last_dense(o);
+    const Entry& e = entry(Kind::backward_input, nhwc, g, src, wd, dst, nullptr);
     if (!e.usable) return false;
     std::vector<Tensor> keep;
     const memory result = output_in(o, src, e.src, keep);
@@ -370,7 +400,8 @@ bool dnnl_conv2d_backward_weight(const Tensor& grad_in, const Tensor& x_in, cons
   const Tensor grad = dense_view(grad_in), x = dense_view(x_in);
   return into_dense(out, [&](const Tensor& o) {
     const memory::desc src = activation_desc(x), wd = weight_desc(o, g.groups), dst = activation_desc(grad);
-    const Entry& e = entry(Kind::backward_weight, g, src, wd, dst, nullptr);
+    const bool nhwc = channels_last_dense(grad) && channels_last_dense(x);
+    const Entry& e = entry(Kind::backward_weight, nhwc, g, src, wd, dst, nullptr);
     if (!e.usable) return false;
     std::vector<Tensor> keep;
     const memory result = output_in(o, wd, e.weights, keep);

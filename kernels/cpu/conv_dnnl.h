@@ -1,10 +1,12 @@
 #pragma once
 // conv2d and its two gradients through oneDNN (Debian's libdnnl), where the build found it.
-// oneDNN's JIT convolutions work in blocked layouts (nChw16c on AVX-512, nChw8c on AVX2)
-// whatever kiln's tensors are in, so each call reorders the activation and weight in and
-// the result out, as PyTorch's eager convolutions do; on the small planes with many
-// channels of ResNets at 32x32 they are still 2-4x faster than kiln's im2col + GEMM
-// (docs/design-notes.md, "CPU convolutions"). Each function returns false, having done
+// oneDNN's JIT convolutions work in blocked layouts (nChw16c on AVX-512, nChw8c on AVX2),
+// so a call on NCHW tensors reorders the activation and weight in and the result out, as
+// PyTorch's eager convolutions do; NHWC activations go in as they are where oneDNN has an
+// NHWC kernel (AVX-512; not for forwards on planes under 4x4, where it is slower), and
+// only the weight is reordered. On the small planes with many channels of ResNets at 32x32
+// they are 2-4x faster than kiln's im2col + GEMM (docs/design-notes.md, "CPU
+// convolutions"). Each function returns false, having done
 // nothing, where oneDNN has no JIT implementation for the call (f16 and f64, a CPU
 // without AVX2, ...) or the backend is kiln's own, and the caller runs kiln's kernels.
 #include <cstdint>
