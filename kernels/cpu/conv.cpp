@@ -445,8 +445,9 @@ void nhwc_call(const Tensor& activation, const Tensor& weight, const Tensor& out
 // kernel for it). Measured per ResNet-18/50 shape, forward, backward input and backward
 // weight, at the bench sizes (docs/design-notes.md, "CPU convolutions"): on NCHW
 // activations oneDNN is 1.5-25x faster but for the gradients of 3-channel images' input
-// and the weight gradients of 1024 or more input channels. On NHWC f32 ones kiln's GEMMs
-// win at 1x1 kernels (no reorders), where a kernel covers the whole input (one GEMM), and
+// and the weight gradients of 1024 or more input channels. On NHWC f32 ones (which oneDNN
+// reads as they are) kiln's GEMMs win at 1x1 kernels over small planes or many channels,
+// where a kernel covers the whole input (one GEMM), and
 // at the weight gradients of more than 256 input channels, or 128 when strided; oneDNN the
 // rest, less so on wide layers (figures at 2 threads). In bf16 oneDNN's forward and input gradients
 // are 2-13x faster everywhere (AMX or AVX-512 BF16), its weight gradients only for
@@ -463,8 +464,11 @@ bool prefer_dnnl(Pass pass, const Tensor& activation, const Conv2dGeometry& g) {
   }
   if (activation.dtype() == DType::bf16)
     return pass != Pass::backward_weight || (taps && channels <= 256);
-  // One output pixel per image (a kernel over the whole, cropped input): one GEMM.
-  if (!taps || g.out_h * g.out_w == 1) return false;
+  // 1x1 kernels over planes of 8x8 and more read NHWC directly in oneDNN (1.1-2x kiln's
+  // GEMMs); on smaller planes or wider layers the GEMMs keep them. One output pixel per
+  // image (a kernel over the whole, cropped input) is one GEMM.
+  if (!taps) return g.out_h * g.out_w >= 64 && channels <= 512;
+  if (g.out_h * g.out_w == 1) return false;
   if (pass == Pass::forward) return channels <= 256;
   const bool strided = g.stride_h * g.stride_w > 1;
   return pass == Pass::backward_input || (channels <= 256 && (!strided || channels < 128));
