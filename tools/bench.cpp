@@ -1,6 +1,7 @@
-// kiln-bench: speed measured as ratios in one run. `kiln-bench ops` times single ops and
-// prints one JSON line each; `train` and `mlp-block` time training steps, `convs` a
-// model's convolutions (tools/bench_vs_torch.py runs them against PyTorch).
+// kiln-bench: speed measured as ratios in one run. This file: `train` and `mlp-block`,
+// which time training steps, and the command line; `ops` (single ops, one JSON line each)
+// is in tools/bench_ops.cpp, `convs` (a model's convolutions) in tools/bench_convs.cpp.
+// tools/bench_vs_torch.py runs them against PyTorch.
 #include <algorithm>
 #include <array>
 #include <ranges>
@@ -19,210 +20,14 @@
 #include <kiln.h>
 
 #include "kernels/cpu/gemm.h"
+#include "tools/bench_common.h"
 #include "tools/report_errors.h"
 #include "tools/trainer.h"
 
 using namespace kiln;
+using namespace kiln::bench;
 
 namespace {
-
-// The best of `reps` timed runs after one warm-up, in milliseconds.
-double time_ms(const std::function<void()>& f, int reps) {
-  f();
-  double best = 1e300;
-  for (int i = 0; i < reps; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    f();
-    const auto t1 = std::chrono::steady_clock::now();
-    best = std::min(best, std::chrono::duration<double, std::milli>(t1 - t0).count());
-  }
-  return best;
-}
-
-// How this run's bf16 GEMMs go (kernels/cpu/gemm.h): figures compare across machines only
-// when they went the same way.
-const char* bf16_gemm_name() {
-  return cpu::bf16_gemm_path() == cpu::Bf16GemmPath::dot ? "avx512_bf16" : "convert_to_f32";
-}
-
-int bench_ops() {
-  manual_seed(0);
-  {  // 16-bit elementwise ops against f32 on a ResNet-50 activation: half the bytes, so at
-     // most f32's time is the goal (the 16-bit <-> f32 conversions must vectorize)
-    const std::vector<int64_t> shape{8, 64, 56, 56};
-    const Tensor x32 = randn(shape), y32 = randn(shape);
-    const Tensor w = rand({64}), b = randn({64}), mean = zeros({64}), var = ones({64});
-    const std::vector<std::pair<std::string, std::function<void(const Tensor&, const Tensor&)>>> ops{
-        {"relu", [](const Tensor& x, const Tensor&) { Tensor t = relu(x); }},
-        {"add", [](const Tensor& x, const Tensor& y) { Tensor t = x + y; }},
-        {"relu_grad", [](const Tensor& x, const Tensor& y) { Tensor t = where(x > 0, y, 0); }},
-        {"batch_norm", [&](const Tensor& x, const Tensor&) {
-           Tensor t = batch_norm(x, w, b, mean.clone(), var.clone(), true);
-         }},
-    };
-    for (const auto& [op_name, op] : ops) {
-      const double f32 = time_ms([&] { op(x32, y32); }, 20);
-      for (DType dtype : {DType::bf16, DType::f16}) {
-        const Tensor x = x32.to(dtype), y = y32.to(dtype);
-        const double ms = time_ms([&] { op(x, y); }, 20);
-        fmt::print(R"({{"bench":"{}","shape":[8,64,56,56],"dtype":"{}","ms":{:.3f},"f32_ms":{:.3f},"ratio_to_f32":{:.2f}}})" "\n",
-                   op_name, name(dtype), ms, f32, ms / f32);
-      }
-    }
-    // The same relu(x + y) compiled: the generated C++ kernel converts per element too.
-    auto fn = [](const std::vector<Tensor>& a) -> std::vector<Tensor> { return {relu(a[0] + a[1])}; };
-    CompiledFunction compiled32 = compile(fn);
-    const double f32 = time_ms([&] { compiled32({x32, y32}); }, 20);
-    for (DType dtype : {DType::bf16, DType::f16}) {
-      const Tensor x = x32.to(dtype), y = y32.to(dtype);
-      CompiledFunction compiled = compile(fn);
-      const double ms = time_ms([&] { compiled({x, y}); }, 20);
-      fmt::print(R"({{"bench":"compiled_relu_add","shape":[8,64,56,56],"dtype":"{}","ms":{:.3f},"f32_ms":{:.3f},"ratio_to_f32":{:.2f}}})" "\n",
-                 name(dtype), ms, f32, ms / f32);
-    }
-  }
-  {  // elementwise add against memcpy of the same bytes
-    const int64_t n = 64ll << 20;
-    Tensor a = rand({n}), b = rand({n}), out = empty({n});
-    const double bytes = 3.0 * static_cast<double>(n) * 4;  // read a and b, write out
-    out.copy_(a);
-    const double ms_add = time_ms([&] { out.add_(b); }, 5);  // reads out and b, writes out
-    const double ms_fresh = time_ms([&] { Tensor c = a + b; }, 5);
-    Tensor dst = empty({n});
-    const double ms_copy = time_ms(
-        [&] { std::memcpy(dst.data_ptr(), a.data_ptr(), static_cast<size_t>(n) * 4); }, 5);
-    const double copy_gbps = 2.0 * static_cast<double>(n) * 4 / ms_copy / 1e6;
-    const double add_gbps = bytes / ms_add / 1e6;
-    fmt::print(R"({{"bench":"memcpy","bytes":{},"ms":{:.3f},"gb_per_s":{:.2f}}})" "\n", n * 4, ms_copy, copy_gbps);
-    fmt::print(R"({{"bench":"add_","numel":{},"dtype":"f32","ms":{:.3f},"gb_per_s":{:.2f},"ratio_to_memcpy":{:.2f}}})" "\n",
-               n, ms_add, add_gbps, add_gbps / copy_gbps);
-    fmt::print(R"({{"bench":"add","numel":{},"dtype":"f32","ms":{:.3f},"gb_per_s":{:.2f},"ratio_to_memcpy":{:.2f},"note":"out of place: the output comes from the allocator"}})" "\n",
-               n, ms_fresh, bytes / ms_fresh / 1e6, bytes / ms_fresh / 1e6 / copy_gbps);
-  }
-  {  // f32 matmul, 1024^3, through each GEMM backend this build has
-    const int64_t n = 1024;
-    Tensor a = randn({n, n}), b = randn({n, n});
-    const double flop = 2.0 * n * n * n;
-    std::vector<cpu::GemmBackend> backends{cpu::GemmBackend::eigen};
-    if (cpu::gemm_blas_available()) backends.insert(backends.begin(), cpu::GemmBackend::blas);
-    const cpu::GemmBackend original = cpu::gemm_backend();
-    for (cpu::GemmBackend backend : backends) {
-      cpu::set_gemm_backend(backend);
-      const double ms = time_ms([&] { Tensor c = matmul(a, b); }, 5);
-      fmt::print(R"({{"bench":"matmul","m":{},"n":{},"k":{},"dtype":"f32","backend":"{}","ms":{:.3f},"gflop_per_s":{:.1f}}})" "\n",
-                 n, n, n, backend == cpu::GemmBackend::blas ? "openblas" : "eigen", ms, flop / ms / 1e6);
-    }
-    cpu::set_gemm_backend(original);
-  }
-  {  // bf16 against f32 in the same run: 1024^3 and a ResNet-50 fc-sized product
-    const std::vector<std::array<int64_t, 3>> sizes = {{1024, 1024, 1024}, {256, 1000, 2048}};
-    for (const auto& [m, n, k] : sizes) {
-      Tensor a = randn({m, k}), b = randn({k, n});
-      Tensor a16 = a.to(DType::bf16), b16 = b.to(DType::bf16);
-      const double flop = 2.0 * m * n * k;
-      const double f32 = time_ms([&] { Tensor c = matmul(a, b); }, 5);
-      const double bf16 = time_ms([&] { Tensor c = matmul(a16, b16); }, 5);
-      fmt::print(R"({{"bench":"matmul","m":{},"n":{},"k":{},"dtype":"bf16","bf16_gemm":"{}","ms":{:.3f},"gflop_per_s":{:.1f},"f32_ms":{:.3f},"speedup_vs_f32":{:.2f}}})" "\n",
-                 m, n, k, bf16_gemm_name(), bf16, flop / bf16 / 1e6, f32, f32 / bf16);
-    }
-  }
-  // ResNet-50-sized 3x3 convolutions (layer1 and layer3), forward and both backward ops,
-  // in f32 and then in bf16 against it, NCHW and channels_last.
-  struct ConvBench {
-    Shape input, weight;
-  };
-  const std::vector<ConvBench> convs = {{{8, 64, 56, 56}, {64, 64, 3, 3}},
-                                        {{8, 256, 14, 14}, {256, 256, 3, 3}}};
-  for (const ConvBench& cb : convs)
-    for (const MemoryFormat format : {MemoryFormat::contiguous, MemoryFormat::channels_last}) {
-      const Conv2dOptions opts{.padding = {1, 1}};
-      const Tensor x32 = randn(cb.input).contiguous(format), w32 = randn(cb.weight);
-      const double flop = 2.0 * numel_of(cb.input) * cb.weight[0] * cb.weight[2] * cb.weight[3];
-      struct Times {
-        double fwd, bwd_in, bwd_w;
-      };
-      auto measure = [&](DType dtype) {
-        const Tensor x = x32.to(dtype), w = w32.to(dtype);
-        const Tensor y = conv2d(x, w, {}, opts);
-        return Times{time_ms([&] { Tensor t = conv2d(x, w, {}, opts); }, 5),
-                     time_ms([&] { Tensor t = conv2d_backward_input(y, w, x.shape(), opts); }, 3),
-                     time_ms([&] { Tensor t = conv2d_backward_weight(y, x, w.shape(), opts); }, 3)};
-      };
-      const Times f32 = measure(DType::f32);
-      const std::string layout = format == MemoryFormat::channels_last ? "channels_last" : "contiguous";
-      const std::string shapes = fmt::format(R"("input":[{}],"weight":[{}],"padding":1,"layout":"{}")",
-                                             fmt::join(cb.input, ","), fmt::join(cb.weight, ","), layout);
-      fmt::print(R"({{"bench":"conv2d",{},"dtype":"f32","ms":{:.3f},"gflop_per_s":{:.1f},"backward_input_ms":{:.3f},"backward_weight_ms":{:.3f}}})" "\n",
-                 shapes, f32.fwd, flop / f32.fwd / 1e6, f32.bwd_in, f32.bwd_w);
-      const Times bf16 = measure(DType::bf16);
-      fmt::print(R"({{"bench":"conv2d",{},"dtype":"bf16","bf16_gemm":"{}","ms":{:.3f},"gflop_per_s":{:.1f},"backward_input_ms":{:.3f},"backward_weight_ms":{:.3f},)"
-                 R"("speedup_vs_f32":{:.2f},"backward_input_speedup_vs_f32":{:.2f},"backward_weight_speedup_vs_f32":{:.2f}}})" "\n",
-                 shapes, bf16_gemm_name(), bf16.fwd, flop / bf16.fwd / 1e6, bf16.bwd_in, bf16.bwd_w,
-                 f32.fwd / bf16.fwd, f32.bwd_in / bf16.bwd_in, f32.bwd_w / bf16.bwd_w);
-    }
-  return 0;
-}
-
-// The median of `reps` runs of f on the GPU after two warm-ups, timed with CUDA events.
-double gpu_time_ms(const std::function<void()>& f, int reps) {
-  f();
-  f();
-  std::vector<double> times;
-  for (int i = 0; i < reps; ++i) {
-    cuda::Event start, stop;
-    start.record();
-    f();
-    stop.record();
-    stop.synchronize();
-    times.push_back(stop.elapsed_ms(start));
-  }
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
-}
-
-// `kiln-bench ops --device cuda`: the generated elementwise kernels against a device copy,
-// and cuBLAS products in f32 (with and without TF32) and bf16.
-int bench_ops_cuda() {
-  KILN_CHECK(cuda::is_available(), "kiln-bench ops --device cuda: CUDA is not available: {}",
-             cuda::unavailable_reason());
-  manual_seed(0);
-  const Device gpu = Device::cuda();
-  const cuda::DeviceProperties props = cuda::device_properties(0);
-  fmt::print(R"({{"bench":"device","name":"{}","arch":"{}","multiprocessors":{},"memory_gib":{:.1f}}})" "\n",
-             props.name, props.arch(), props.multiprocessors, static_cast<double>(props.total_memory) / (1 << 30));
-  {
-    const int64_t n = 256ll << 20;
-    Tensor a = rand({n}).to(gpu), b = rand({n}).to(gpu), out = empty({n}, {.device = gpu});
-    const double copy_ms = gpu_time_ms([&] { out.copy_(a); }, 10);
-    const double add_ms = gpu_time_ms([&] { out.add_(b); }, 10);
-    const double fresh_ms = gpu_time_ms([&] { Tensor c = a * b + 1; }, 10);
-    const double copy_gbps = 2.0 * static_cast<double>(n) * 4 / copy_ms / 1e6;
-    fmt::print(R"({{"bench":"copy_","device":"cuda","numel":{},"dtype":"f32","ms":{:.3f},"gb_per_s":{:.1f}}})" "\n", n, copy_ms, copy_gbps);
-    const double add_gbps = 3.0 * static_cast<double>(n) * 4 / add_ms / 1e6;
-    fmt::print(R"({{"bench":"add_","device":"cuda","numel":{},"dtype":"f32","ms":{:.3f},"gb_per_s":{:.1f},"ratio_to_copy":{:.2f}}})" "\n",
-               n, add_ms, add_gbps, add_gbps / copy_gbps);
-    fmt::print(R"({{"bench":"mul_add","device":"cuda","numel":{},"dtype":"f32","ms":{:.3f},"note":"a * b + 1: two eager kernels"}})" "\n",
-               n, fresh_ms);
-    const double sum_ms = gpu_time_ms([&] { Tensor t = sum(a, {0}); }, 10);
-    fmt::print(R"({{"bench":"sum","device":"cuda","numel":{},"dtype":"f32","ms":{:.3f},"gb_per_s":{:.1f}}})" "\n",
-               n, sum_ms, static_cast<double>(n) * 4 / sum_ms / 1e6);
-  }
-  for (DType dt : {DType::f32, DType::bf16}) {
-    const int64_t n = 8192;
-    Tensor a = randn({n, n}).to(dt).to(gpu), b = randn({n, n}).to(dt).to(gpu);
-    const double flop = 2.0 * n * n * n;
-    for (bool tf32 : {false, true}) {
-      if (dt != DType::f32 && tf32) continue;
-      cuda::set_allow_tf32(tf32);
-      const double ms = gpu_time_ms([&] { Tensor c = mm(a, b); }, 5);
-      fmt::print(R"({{"bench":"matmul","device":"cuda","m":{},"n":{},"k":{},"dtype":"{}","tf32":{},"ms":{:.3f},"tflop_per_s":{:.1f}}})" "\n",
-                 n, n, n, dt, tf32, ms, flop / ms / 1e9);
-    }
-    cuda::set_allow_tf32(false);
-  }
-  std::cerr << cuda::memory_summary();
-  return 0;
-}
 
 struct TrainBenchOptions {
   std::string arch = "resnet50";
@@ -240,11 +45,6 @@ struct TrainTiming {
   double median_ms = 0, peak_mib = 0, first_call_s = 0;
   double min_ms = 0, max_ms = 0;  // the fastest and slowest timed step (time_steps)
 };
-
-double median_of(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
-}
 
 // Times `step` (after `warmup` calls, the first of which is timed on its own: tracing and
 // compiling happen there) and measures the peak of live tensor bytes during the timed steps.
@@ -305,13 +105,6 @@ void profile_cuda_step(const std::function<void()>& step, Device device) {
     std::cerr << fmt::format("{:<32}{:>10.2f}{:>8}{:>7.1f}%\n", name, v.first, v.second, 100.0 * v.first / total);
   const std::vector<std::string> fallback = cuda::host_fallback_ops();
   std::cerr << fmt::format("host fallback ops: {}\n", fmt::join(fallback, ", "));
-}
-
-// The JSON field naming the GEMM that CPU products ran: figures from two machines
-// compare only when they ran the same kernels (kernels/cpu/gemm.h).
-std::string blas_field() {
-  if (cpu::gemm_backend() != cpu::GemmBackend::blas) return R"(,"gemm":"eigen")";
-  return fmt::format(R"(,"gemm":"openblas","blas_kernels":"{}")", cpu::gemm_blas_kernels());
 }
 
 // `s` as a JSON string literal.
@@ -696,120 +489,6 @@ int bench_mlp_block(const MlpBlockOptions& o) {
   return 0;
 }
 
-// A model at a batch and image size whose convolutions `kiln-bench convs` times.
-struct ConvModel {
-  std::string arch;
-  int64_t batch = 1, image_size = 32;
-};
-
-struct ConvsOptions {
-  // The sizes kiln-bench train and tools/bench_vs_torch.py time these models at.
-  std::vector<ConvModel> models = {{"resnet18", 64, 32}, {"resnet50", 8, 64}, {"resnet50", 32, 32}};
-  bool channels_last = false;  // input and output gradient NHWC (the weight stays OIHW)
-  bool list = false;           // the shapes and their uses, untimed
-  int64_t reps = 5;
-};
-
-// One distinct convolution of a model's forward: its geometry at the model's batch, how
-// many times one forward runs it, and whether training takes its input's gradient (not for
-// the stem's, whose input is the image).
-struct ConvUse {
-  Conv2dGeometry geometry;
-  int64_t uses = 0;
-  bool input_grad = true;
-};
-
-// The convolutions of one forward of the model (traced through the op hook, in eval mode
-// at batch 1), the distinct ones in the order they first run.
-std::vector<ConvUse> conv_uses(const ConvModel& m) {
-  manual_seed(0);
-  const std::shared_ptr<nn::Module> model = train::make_model(m.arch, 1000, 3, m.image_size);
-  model->eval();
-  const Tensor image = randn({1, 3, m.image_size, m.image_size});
-  auto key = [](const Conv2dGeometry& g) {
-    return std::tuple(g.input_shape(), g.weight_shape(), g.stride_h, g.stride_w, g.pad_h, g.pad_w,
-                      g.dilation_h, g.dilation_w, g.groups);
-  };
-  std::vector<ConvUse> convs;
-  NoGradGuard no_grad;
-  OpHookGuard hook([&](const OpCall& call) {
-    if (call.op.name != "conv2d") return;
-    Conv2dGeometry g =
-        conv2d_geometry(call.inputs[0].shape(), call.inputs[1].shape(), call.attrs, "conv2d");
-    g.batch = m.batch;
-    const auto seen =
-        std::ranges::find_if(convs, [&](const ConvUse& c) { return key(c.geometry) == key(g); });
-    ConvUse& use = seen != convs.end() ? *seen : convs.emplace_back(ConvUse{.geometry = g});
-    ++use.uses;
-    use.input_grad = use.input_grad && !call.inputs[0].same(image);
-  });
-  model->forward(image);
-  return convs;
-}
-
-// The median of `reps` runs of f after one warm-up, in milliseconds.
-double median_ms(const std::function<void()>& f, int64_t reps) {
-  f();
-  std::vector<double> ms;
-  for (int64_t i = 0; i < reps; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    f();
-    ms.push_back(
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-  }
-  return median_of(ms);
-}
-
-// One JSON line per distinct convolution of each model: its shapes, uses per forward,
-// and the time of its forward and its two gradients (the ops a training step runs), with
-// GFLOP/s. tools/bench_vs_torch.py times the same shapes in PyTorch.
-int bench_convs(const ConvsOptions& o) {
-  const MemoryFormat format =
-      o.channels_last ? MemoryFormat::channels_last : MemoryFormat::contiguous;
-  for (const ConvModel& m : o.models)
-    for (const ConvUse& c : conv_uses(m)) {
-      const Conv2dGeometry& g = c.geometry;
-      const Conv2dOptions opts{.stride = {g.stride_h, g.stride_w},
-                               .padding = {g.pad_h, g.pad_w},
-                               .dilation = {g.dilation_h, g.dilation_w},
-                               .groups = g.groups};
-      // Multiply-adds of the forward; each gradient takes as many.
-      const double gflop =
-          2e-9 * static_cast<double>(numel_of(g.output_shape()) * (g.in_channels / g.groups) *
-                                     g.kernel_h * g.kernel_w);
-      std::string line = fmt::format(
-          R"({{"bench":"conv","model":"{}","batch":{},"image_size":{},"input":[{}],"weight":[{}],"output":[{}],)"
-          R"("stride":[{},{}],"padding":[{},{}],"dilation":[{},{}],"groups":{},"uses":{},"input_grad":{},)"
-          R"("layout":"{}","dtype":"f32","gflop":{:.4f})",
-          m.arch, m.batch, m.image_size, fmt::join(g.input_shape(), ","),
-          fmt::join(g.weight_shape(), ","), fmt::join(g.output_shape(), ","), g.stride_h,
-          g.stride_w, g.pad_h, g.pad_w, g.dilation_h, g.dilation_w, g.groups, c.uses, c.input_grad,
-          o.channels_last ? "channels_last" : "contiguous", gflop);
-      if (!o.list) {
-        const Tensor x = randn(g.input_shape()).contiguous(format), w = randn(g.weight_shape());
-        const Tensor grad_out = randn(g.output_shape()).contiguous(format);
-        const double forward = median_ms([&] { Tensor t = conv2d(x, w, {}, opts); }, o.reps);
-        const double input = median_ms(
-            [&] { Tensor t = conv2d_backward_input(grad_out, w, g.input_shape(), opts); }, o.reps);
-        const double weight = median_ms(
-            [&] { Tensor t = conv2d_backward_weight(grad_out, x, g.weight_shape(), opts); },
-            o.reps);
-        line += fmt::format(
-            R"(,"reps":{},"forward_ms":{:.3f},"backward_input_ms":{:.3f},"backward_weight_ms":{:.3f},)"
-            R"("forward_gflop_per_s":{:.1f},"backward_input_gflop_per_s":{:.1f},"backward_weight_gflop_per_s":{:.1f}{})",
-            o.reps, forward, input, weight, gflop * 1e3 / forward, gflop * 1e3 / input,
-            gflop * 1e3 / weight, blas_field());
-      }
-      std::cout << line << "}" << std::endl;
-    }
-  return 0;
-}
-
-// Options are range-checked so that a typo is an error, not an allocation that fails.
-void check_range(const char* option, int64_t v, int64_t least, int64_t most) {
-  KILN_CHECK(v >= least && v <= most, "{} {} must be between {} and {}", option, v, least, most);
-}
-
 MlpBlockOptions parse_mlp_block_options(int argc, char** argv) {
   MlpBlockOptions o;
   for (int i = 2; i < argc; ++i) {
@@ -854,49 +533,6 @@ MlpBlockOptions parse_mlp_block_options(int argc, char** argv) {
   check_range("kiln-bench mlp-block: --warmup", o.warmup, 1, 1'000'000);
   check_range("kiln-bench mlp-block: --micro-steps", o.micro_steps, 1, 1'000'000);
   check_range("kiln-bench mlp-block: --blocks", o.blocks, 1, 1024);
-  return o;
-}
-
-ConvsOptions parse_convs_options(int argc, char** argv) {
-  ConvsOptions o;
-  bool default_models = true;
-  auto integer = [](const std::string& option, const std::string& value) -> int64_t {
-    try {
-      size_t used = 0;
-      const long long v = std::stoll(value, &used);
-      if (used == value.size()) return v;
-    } catch (const std::exception&) {
-    }
-    fail("kiln-bench convs: {} {}: expected an integer", option, value);
-  };
-  for (int i = 2; i < argc; ++i) {
-    const std::string option = argv[i];
-    if (option == "--channels-last" || option == "--list") {
-      (option == "--list" ? o.list : o.channels_last) = true;
-      continue;
-    }
-    KILN_CHECK(i + 1 < argc, "kiln-bench convs: {} needs a value", option);
-    const std::string value = argv[++i];
-    if (option == "--reps") {
-      o.reps = integer(option, value);
-    } else if (option == "--model") {
-      // ARCH:BATCH:IMAGE_SIZE
-      const size_t a = value.find(':'), b = value.find(':', a == std::string::npos ? a : a + 1);
-      KILN_CHECK(a != std::string::npos && b != std::string::npos,
-                 "kiln-bench convs: --model {}: expected ARCH:BATCH:IMAGE_SIZE (resnet18:64:32)",
-                 value);
-      if (default_models) o.models.clear();
-      default_models = false;
-      ConvModel& m = o.models.emplace_back(ConvModel{.arch = value.substr(0, a)});
-      m.batch = integer(option, value.substr(a + 1, b - a - 1));
-      m.image_size = integer(option, value.substr(b + 1));
-      check_range("kiln-bench convs: --model's batch", m.batch, 1, 1 << 16);
-      check_range("kiln-bench convs: --model's image size", m.image_size, 1, train::kMaxImageSize);
-    } else {
-      fail("kiln-bench convs: unknown option {}", option);
-    }
-  }
-  check_range("kiln-bench convs: --reps", o.reps, 1, 1'000'000);
   return o;
 }
 
@@ -962,7 +598,7 @@ int main(int argc, char** argv) {
     }
     if (argc >= 2 && std::strcmp(argv[1], "train") == 0) return bench_train(parse_train_options(argc, argv));
     if (argc >= 2 && std::strcmp(argv[1], "mlp-block") == 0) return bench_mlp_block(parse_mlp_block_options(argc, argv));
-    if (argc >= 2 && std::strcmp(argv[1], "convs") == 0) return bench_convs(parse_convs_options(argc, argv));
+    if (argc >= 2 && std::strcmp(argv[1], "convs") == 0) return bench_convs(argc, argv);
     std::cerr << "usage: kiln-bench ops | train [options] | mlp-block [options] | convs [options]\n"
                  "  ops    GFLOP/s of a 1024^3 f32 matmul, GB/s of a 64M-element add against\n"
                  "         memcpy, ms of ResNet-50-sized conv2d ops; bf16 products and convolutions\n"

@@ -1,0 +1,45 @@
+#pragma once
+// What kiln-bench's subcommands share (tools/bench.cpp, tools/bench_convs.cpp).
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <kiln.h>
+
+#include "kernels/cpu/gemm.h"
+
+namespace kiln::bench {
+
+inline double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+}
+
+// The JSON field naming the GEMM that CPU products ran: figures from two machines
+// compare only when they ran the same kernels (kernels/cpu/gemm.h).
+inline std::string blas_field() {
+  if (cpu::gemm_backend() != cpu::GemmBackend::blas) return R"(,"gemm":"eigen")";
+  return fmt::format(R"(,"gemm":"openblas","blas_kernels":"{}")", cpu::gemm_blas_kernels());
+}
+
+// Options are range-checked so that a typo is an error, not an allocation that fails.
+inline void check_range(const char* option, int64_t v, int64_t least, int64_t most) {
+  KILN_CHECK(v >= least && v <= most, "{} {} must be between {} and {}", option, v, least, most);
+}
+
+// How this run's bf16 GEMMs go (kernels/cpu/gemm.h): figures compare across machines only
+// when they went the same way.
+inline const char* bf16_gemm_name() {
+  return cpu::bf16_gemm_path() == cpu::Bf16GemmPath::dot ? "avx512_bf16" : "convert_to_f32";
+}
+
+// kiln-bench ops and ops --device cuda (tools/bench_ops.cpp).
+int bench_ops();
+int bench_ops_cuda();
+// kiln-bench convs ARGS... (tools/bench_convs.cpp).
+int bench_convs(int argc, char** argv);
+
+}  // namespace kiln::bench
