@@ -625,7 +625,8 @@ int main(int argc, char** argv) {
                  "  convs  every distinct conv2d of a model's forward (traced), with its uses per forward:\n"
                  "         median ms and GFLOP/s of forward, backward-input and backward-weight, one JSON line\n"
                  "         each: --model ARCH:BATCH:IMAGE_SIZE (repeatable; default resnet18:64:32,\n"
-                 "         resnet50:8:64, resnet50:32:32) --reps 5 [--channels-last] [--list: shapes only]\n";
+                 "         resnet50:8:64, resnet50:32:32) --reps 5 [--channels-last] [--list: shapes only]\n"
+                 "         [--dtype f32|bf16|f16: the tensors' dtype, as under autocast]\n";
     return 2;
   });
 }

@@ -33,7 +33,11 @@ inline void check_range(const char* option, int64_t v, int64_t least, int64_t mo
 // How this run's bf16 GEMMs go (kernels/cpu/gemm.h): figures compare across machines only
 // when they went the same way.
 inline const char* bf16_gemm_name() {
-  return cpu::bf16_gemm_path() == cpu::Bf16GemmPath::dot ? "avx512_bf16" : "convert_to_f32";
+  switch (cpu::bf16_gemm_path()) {
+    case cpu::Bf16GemmPath::dnnl: return "onednn";
+    case cpu::Bf16GemmPath::dot: return "avx512_bf16";
+    default: return "convert_to_f32";
+  }
 }
 
 // kiln-bench ops and ops --device cuda (tools/bench_ops.cpp).

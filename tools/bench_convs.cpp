@@ -30,6 +30,7 @@ struct ConvsOptions {
   std::vector<ConvModel> models = {{"resnet18", 64, 32}, {"resnet50", 8, 64}, {"resnet50", 32, 32}};
   bool channels_last = false;  // input and output gradient NHWC (the weight stays OIHW)
   bool list = false;           // the shapes and their uses, untimed
+  DType dtype = DType::f32;    // of the activations, weights and gradients (autocast's dtype)
   int64_t reps = 5;
 };
 
@@ -103,14 +104,15 @@ int run(const ConvsOptions& o) {
       std::string line = fmt::format(
           R"({{"bench":"conv","model":"{}","batch":{},"image_size":{},"input":[{}],"weight":[{}],"output":[{}],)"
           R"("stride":[{},{}],"padding":[{},{}],"dilation":[{},{}],"groups":{},"uses":{},"input_grad":{},)"
-          R"("layout":"{}","dtype":"f32","gflop":{:.4f})",
+          R"("layout":"{}","dtype":"{}","gflop":{:.4f})",
           m.arch, m.batch, m.image_size, fmt::join(g.input_shape(), ","),
           fmt::join(g.weight_shape(), ","), fmt::join(g.output_shape(), ","), g.stride_h,
           g.stride_w, g.pad_h, g.pad_w, g.dilation_h, g.dilation_w, g.groups, c.uses, c.input_grad,
-          o.channels_last ? "channels_last" : "contiguous", gflop);
+          o.channels_last ? "channels_last" : "contiguous", o.dtype, gflop);
       if (!o.list) {
-        const Tensor x = randn(g.input_shape()).contiguous(format), w = randn(g.weight_shape());
-        const Tensor grad_out = randn(g.output_shape()).contiguous(format);
+        const Tensor x = randn(g.input_shape()).to(o.dtype).contiguous(format);
+        const Tensor w = randn(g.weight_shape()).to(o.dtype);
+        const Tensor grad_out = randn(g.output_shape()).to(o.dtype).contiguous(format);
         const double forward = median_ms([&] { Tensor t = conv2d(x, w, {}, opts); }, o.reps);
         const double input = median_ms(
             [&] { Tensor t = conv2d_backward_input(grad_out, w, g.input_shape(), opts); }, o.reps);
@@ -150,6 +152,10 @@ ConvsOptions parse_options(int argc, char** argv) {
     const std::string value = argv[++i];
     if (option == "--reps") {
       o.reps = integer(option, value);
+    } else if (option == "--dtype") {
+      KILN_CHECK(value == "f32" || value == "bf16" || value == "f16",
+                 "kiln-bench convs: --dtype {}: expected f32, bf16 or f16", value);
+      o.dtype = value == "f32" ? DType::f32 : value == "bf16" ? DType::bf16 : DType::f16;
     } else if (option == "--model") {
       // ARCH:BATCH:IMAGE_SIZE
       const size_t a = value.find(':'), b = value.find(':', a == std::string::npos ? a : a + 1);

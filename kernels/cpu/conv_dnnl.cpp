@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "core/ops/factory.h"
+#include "kernels/cpu/dnnl_runtime.h"
 #endif
 
 namespace kiln::cpu {
@@ -86,20 +87,20 @@ bool dnnl_conv2d_backward_weight(const Tensor&, const Tensor&, const Tensor&, co
 
 #else
 
-namespace {
-
-using dnnl::memory;
-using dt = memory::data_type;
-
-dnnl::engine& cpu_engine() {
+dnnl::engine& dnnl_engine() {
   static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
   return engine;
 }
 
-dnnl::stream& cpu_stream() {
-  thread_local dnnl::stream stream(cpu_engine());
+dnnl::stream& dnnl_stream() {
+  thread_local dnnl::stream stream(dnnl_engine());
   return stream;
 }
+
+namespace {
+
+using dnnl::memory;
+using dt = memory::data_type;
 
 std::optional<dt> data_type(DType t) {
   if (t == DType::f32) return dt::f32;
@@ -201,7 +202,7 @@ dnnl::convolution_forward::primitive_desc forward_pd(const Conv2dGeometry& g, Ac
                          : dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training,
                                                            dnnl::algorithm::convolution_direct, s, w, d,
                                                            p.strides, p.dilates, p.padding, p.padding);
-  return dnnl::convolution_forward::primitive_desc(desc, user_scratchpad(), cpu_engine());
+  return dnnl::convolution_forward::primitive_desc(desc, user_scratchpad(), dnnl_engine());
 }
 
 bool is_reference(const std::string& impl) { return impl.rfind("ref", 0) == 0; }
@@ -226,7 +227,7 @@ Entry make_entry(Kind kind, Activations a, const Conv2dGeometry& g, const memory
                                                        activation_for(src, a), any_of(weights),
                                                        activation_for(dst, a), p.strides, p.dilates,
                                                        p.padding, p.padding);
-      const dnnl::convolution_backward_data::primitive_desc pd(desc, user_scratchpad(), cpu_engine(), fwd);
+      const dnnl::convolution_backward_data::primitive_desc pd(desc, user_scratchpad(), dnnl_engine(), fwd);
       e.impl = pd.impl_info_str();
       e.scratchpad = pd.scratchpad_desc();
       e.primitive = dnnl::convolution_backward_data(pd);
@@ -238,7 +239,7 @@ Entry make_entry(Kind kind, Activations a, const Conv2dGeometry& g, const memory
                                                           activation_for(src, a), any_of(weights),
                                                           activation_for(dst, a), p.strides, p.dilates,
                                                           p.padding, p.padding);
-      const dnnl::convolution_backward_weights::primitive_desc pd(desc, user_scratchpad(), cpu_engine(), fwd);
+      const dnnl::convolution_backward_weights::primitive_desc pd(desc, user_scratchpad(), dnnl_engine(), fwd);
       e.impl = pd.impl_info_str();
       e.scratchpad = pd.scratchpad_desc();
       e.primitive = dnnl::convolution_backward_weights(pd);
@@ -279,27 +280,27 @@ bool channels_last_dense(const Tensor& t) { return t.dim() == 4 && t.is_contiguo
 // A tensor's memory as oneDNN reads it, in the layout `want`: the tensor itself when it is
 // laid out so already, else a reorder of it into scratch (kept alive in `keep`).
 memory input_in(const Tensor& t, const memory::desc& given, const memory::desc& want, std::vector<Tensor>& keep) {
-  memory user(given, cpu_engine(), t.data_ptr());
+  memory user(given, dnnl_engine(), t.data_ptr());
   if (given == want) return user;
   keep.push_back(make_tensor({static_cast<int64_t>(want.get_size())}, DType::u8));
-  memory m(want, cpu_engine(), keep.back().data_ptr());
-  dnnl::reorder(user, m).execute(cpu_stream(), user, m);
+  memory m(want, dnnl_engine(), keep.back().data_ptr());
+  dnnl::reorder(user, m).execute(dnnl_stream(), user, m);
   return m;
 }
 
 // Scratch for a result in the layout oneDNN writes, or the output itself when it matches.
 memory output_in(const Tensor& out, const memory::desc& given, const memory::desc& want, std::vector<Tensor>& keep) {
-  if (given == want) return memory(given, cpu_engine(), out.data_ptr());
+  if (given == want) return memory(given, dnnl_engine(), out.data_ptr());
   keep.push_back(make_tensor({static_cast<int64_t>(want.get_size())}, DType::u8));
-  return memory(want, cpu_engine(), keep.back().data_ptr());
+  return memory(want, dnnl_engine(), keep.back().data_ptr());
 }
 
 // Writes a result from oneDNN's layout into the output tensor (a no-op when it was
 // written there directly).
 void output_out(const memory& result, const Tensor& out, const memory::desc& given) {
   if (result.get_data_handle() == out.data_ptr() && result.get_desc() == given) return;
-  memory user(given, cpu_engine(), out.data_ptr());
-  dnnl::reorder(result, user).execute(cpu_stream(), const_cast<memory&>(result), user);
+  memory user(given, dnnl_engine(), out.data_ptr());
+  dnnl::reorder(result, user).execute(dnnl_stream(), const_cast<memory&>(result), user);
 }
 
 // The operands oneDNN can take as they are: dense, of a dtype it has (f32, bf16), the
@@ -331,11 +332,11 @@ void execute(Kind kind, const Entry& e, std::unordered_map<int, memory> args, co
   Tensor scratch;
   if (e.scratchpad.get_size() > 0) {
     scratch = make_tensor({static_cast<int64_t>(e.scratchpad.get_size())}, DType::u8);
-    args.emplace(DNNL_ARG_SCRATCHPAD, memory(e.scratchpad, cpu_engine(), scratch.data_ptr()));
+    args.emplace(DNNL_ARG_SCRATCHPAD, memory(e.scratchpad, dnnl_engine(), scratch.data_ptr()));
   }
   try {
-    e.primitive.execute(cpu_stream(), args);
-    cpu_stream().wait();
+    e.primitive.execute(dnnl_stream(), args);
+    dnnl_stream().wait();
   } catch (const dnnl::error& err) {
     fail("{}: oneDNN ({}) failed on input [{}, {}, {}, {}], weight [{}, {}, {}, {}]: {}", kind_name(kind), e.impl,
          g.batch, g.in_channels, g.in_h, g.in_w, g.out_channels, g.in_channels / g.groups, g.kernel_h,

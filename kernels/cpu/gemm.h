@@ -5,6 +5,7 @@
 // OpenMP threads when called outside a parallel region and one thread inside one.
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace kiln {
 struct BFloat16;
@@ -41,22 +42,29 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double al
           int64_t ldc);
 
 // The same product of 16-bit float operands, summed in f32 into an f32 C, so that a caller
-// rounds each result once (kernels/cpu/gemm_reduced.cpp). bf16 runs on AVX-512 BF16's
-// dot-product instructions where the CPU has them (see Bf16GemmPath); f16, and bf16
-// elsewhere, are converted to f32 a block of k at a time for the f32 GEMM above.
+// rounds each result once (kernels/cpu/gemm_reduced.cpp). bf16 runs on AMX through oneDNN
+// or on AVX-512 BF16's dot-product instructions where the CPU has them (see
+// Bf16GemmPath); f16, and bf16 elsewhere, are converted to f32 a block of k at a time for
+// the f32 GEMM above.
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
           const BFloat16* a, int64_t lda, const BFloat16* b, int64_t ldb, float beta, float* c,
           int64_t ldc);
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const Half* a,
           int64_t lda, const Half* b, int64_t ldb, float beta, float* c, int64_t ldc);
 
-// How bf16 GEMMs run: `dot` packs the operands into bf16 pairs for vdpbf16ps (f32 sums;
-// like all AVX-512 BF16 arithmetic it flushes subnormal inputs and results to zero),
-// `convert` converts them to f32 for the f32 GEMM. dot is the default where the CPU has
-// AVX-512 BF16; selecting it elsewhere is a kiln::Error.
-enum class Bf16GemmPath : uint8_t { dot, convert };
+// How bf16 GEMMs run: `dnnl` through oneDNN's matmul (kernels/cpu/gemm_dnnl.h: AMX tiles
+// where the CPU has them), falling back to `dot` or `convert` for a call it has no kernel
+// for; `dot` packs the operands into bf16 pairs for vdpbf16ps (f32 sums; like all AVX-512
+// BF16 and AMX arithmetic it flushes subnormal inputs and results to zero); `convert`
+// converts them to f32 for the f32 GEMM. The default is dnnl where oneDNN runs AMX here
+// (5-7x dot), else dot where the CPU has AVX-512 BF16, else convert; selecting a path the
+// build or the CPU lacks is a kiln::Error.
+enum class Bf16GemmPath : uint8_t { dot, convert, dnnl };
 void set_bf16_gemm_path(Bf16GemmPath path);
 Bf16GemmPath bf16_gemm_path();
+// The paths this build and CPU can run, and a path's name: "dnnl", "dot" or "convert".
+std::vector<Bf16GemmPath> bf16_gemm_paths();
+const char* bf16_gemm_path_name(Bf16GemmPath path);
 // Whether this CPU (and its OS) runs AVX-512 BF16 instructions.
 bool cpu_has_avx512_bf16();
 

@@ -24,6 +24,7 @@
 #include "core/error.h"
 #include "core/half.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/gemm_dnnl.h"
 #include "kernels/cpu/parallel.h"
 
 #define KILN_BF16_TARGET \
@@ -48,7 +49,24 @@ bool detect_avx512_bf16() {
 }
 
 const bool g_has_bf16 = detect_avx512_bf16();
-std::atomic<Bf16GemmPath> g_path{g_has_bf16 ? Bf16GemmPath::dot : Bf16GemmPath::convert};
+
+Bf16GemmPath default_path() {
+  if (dnnl_bf16_gemm_implementation().find("amx") != std::string::npos) return Bf16GemmPath::dnnl;
+  return g_has_bf16 ? Bf16GemmPath::dot : Bf16GemmPath::convert;
+}
+
+// The path, chosen at the first bf16 GEMM (probing oneDNN makes a primitive, which no
+// program should pay for as it loads); -1 until then.
+std::atomic<int> g_path{-1};
+
+Bf16GemmPath path_now() {
+  int p = g_path.load(std::memory_order_relaxed);
+  if (p < 0) {
+    g_path.compare_exchange_strong(p, static_cast<int>(default_path()));
+    p = g_path.load();
+  }
+  return static_cast<Bf16GemmPath>(p);
+}
 
 // An operand as GEMM gets it: 16-bit patterns stored with rows ld apart, op(X) = X or X^T.
 struct Operand {
@@ -283,7 +301,11 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
           const BFloat16* a, int64_t lda, const BFloat16* b, int64_t ldb, float beta, float* c,
           int64_t ldc) {
   if (check_and_handle_empty(trans_a, trans_b, m, n, k, lda, ldb, beta, c, ldc)) return;
-  if (g_path.load(std::memory_order_relaxed) == Bf16GemmPath::convert)
+  const Bf16GemmPath path = path_now();
+  if (path == Bf16GemmPath::dnnl &&
+      dnnl_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc))
+    return;
+  if (path == Bf16GemmPath::convert || !g_has_bf16)
     return convert_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   static_assert(sizeof(BFloat16) == sizeof(uint16_t));
   dot_gemm(trans_a, trans_b, m, n, k, alpha, reinterpret_cast<const uint16_t*>(a), lda,
@@ -300,10 +322,30 @@ void set_bf16_gemm_path(Bf16GemmPath path) {
   KILN_CHECK(path != Bf16GemmPath::dot || g_has_bf16,
              "set_bf16_gemm_path: this CPU has no AVX-512 BF16 (avx512_bf16), so bf16 GEMMs "
              "can only convert to f32");
-  g_path.store(path);
+  KILN_CHECK(path != Bf16GemmPath::dnnl || !dnnl_bf16_gemm_implementation().empty(),
+             "set_bf16_gemm_path: oneDNN has no bf16 matmul kernel here (a build without "
+             "oneDNN, or a CPU without AVX-512, or DNNL_MAX_CPU_ISA below it)");
+  g_path.store(static_cast<int>(path));
 }
 
-Bf16GemmPath bf16_gemm_path() { return g_path.load(); }
+Bf16GemmPath bf16_gemm_path() { return path_now(); }
+
+std::vector<Bf16GemmPath> bf16_gemm_paths() {
+  std::vector<Bf16GemmPath> paths;
+  if (!dnnl_bf16_gemm_implementation().empty()) paths.push_back(Bf16GemmPath::dnnl);
+  if (g_has_bf16) paths.push_back(Bf16GemmPath::dot);
+  paths.push_back(Bf16GemmPath::convert);
+  return paths;
+}
+
+const char* bf16_gemm_path_name(Bf16GemmPath path) {
+  switch (path) {
+    case Bf16GemmPath::dnnl: return "dnnl";
+    case Bf16GemmPath::dot: return "dot";
+    case Bf16GemmPath::convert: return "convert";
+  }
+  return "?";
+}
 
 bool cpu_has_avx512_bf16() { return g_has_bf16; }
 

@@ -109,7 +109,8 @@ std::vector<double> row_block_sums(int64_t rows, int64_t channels, int64_t sums,
 // written once per four rows (the loads and stores of acc, not the arithmetic, bound a
 // row-at-a-time loop).
 template <class Term>
-void add_rows(int64_t r0, int64_t r1, int64_t channels, double* __restrict acc, Term term) {
+[[gnu::always_inline]] inline void add_rows(int64_t r0, int64_t r1, int64_t channels,
+                                            double* __restrict acc, Term term) {
   int64_t r = r0;
   for (; r + 4 <= r1; r += 4)
     for (int64_t c = 0; c < channels; ++c)
@@ -125,16 +126,21 @@ void channel_moments_nhwc(const Tensor& x, const ChannelLayout& s, std::vector<d
   visit_floating(x.dtype(), "batch_norm", [&]<class T>() {
     const T* __restrict xs = x.data_ptr<T>();
     mean = row_block_sums(count, channels, 1, [xs, channels](int64_t r0, int64_t r1, double* acc) {
-      add_rows(r0, r1, channels, acc,
-               [xs, channels](int64_t r, int64_t c) { return to_double(xs[r * channels + c]); });
+      with_wide<T>([&]() __attribute__((always_inline)) {
+        add_rows(r0, r1, channels, acc, [xs, channels](int64_t r, int64_t c) __attribute__((always_inline)) {
+          return to_double(xs[r * channels + c]);
+        });
+      });
     });
     for (double& m : mean) m /= static_cast<double>(count);
     const double* __restrict m = mean.data();
     var =
         row_block_sums(count, channels, 1, [xs, m, channels](int64_t r0, int64_t r1, double* acc) {
-          add_rows(r0, r1, channels, acc, [xs, m, channels](int64_t r, int64_t c) {
-            const double d = to_double(xs[r * channels + c]) - m[c];
-            return d * d;
+          with_wide<T>([&]() __attribute__((always_inline)) {
+            add_rows(r0, r1, channels, acc, [xs, m, channels](int64_t r, int64_t c) __attribute__((always_inline)) {
+              const double d = to_double(xs[r * channels + c]) - m[c];
+              return d * d;
+            });
           });
         });
     for (double& v : var) v /= static_cast<double>(count);
@@ -276,13 +282,16 @@ void batch_norm(Span in, Span out, const Attrs& attrs) {
       if (s.channels_last) {
         const C* sc = scale.data();
         const C* sh = shift.data();
+        const int64_t channels = s.c;
         parallel_for(s.rows(), grain_for(s.c), [&](int64_t b, int64_t e) {
-          for (int64_t r = b; r < e; ++r) {
-            const T* p = xs + r * s.c;
-            T* q = ys + r * s.c;
-            for (int64_t c = 0; c < s.c; ++c)
-              q[c] = static_cast<T>(static_cast<C>(p[c]) * sc[c] + sh[c]);
-          }
+          with_wide<T>([&]() __attribute__((always_inline)) {
+            for (int64_t r = b; r < e; ++r) {
+              const T* __restrict p = xs + r * channels;
+              T* __restrict q = ys + r * channels;
+              for (int64_t c = 0; c < channels; ++c)
+                q[c] = static_cast<T>(static_cast<C>(p[c]) * sc[c] + sh[c]);
+            }
+          });
         });
         return;
       }
@@ -350,27 +359,31 @@ void batch_norm_backward_nhwc(const T* xs, const T* gs, T* dxs, const ChannelLay
   // and dy, four rows at a time (as add_rows).
   const std::vector<double> sums =
       row_block_sums(rows, channels, 2, [&](int64_t r0, int64_t r1, double* acc) {
-        double* __restrict sum_dy = acc;
-        double* __restrict sum_dy_xmu = acc + channels;
-        auto dy = [gs, channels](int64_t r, int64_t c) { return to_double(gs[r * channels + c]); };
-        auto dy_xmu = [xs, gs, m, channels](int64_t r, int64_t c) {
-          const int64_t i = r * channels + c;
-          return to_double(gs[i]) * (to_double(xs[i]) - m[c]);
-        };
-        int64_t r = r0;
-        for (; r + 4 <= r1; r += 4) {
-          for (int64_t c = 0; c < channels; ++c) {
-            sum_dy[c] += (dy(r, c) + dy(r + 1, c)) + (dy(r + 2, c) + dy(r + 3, c));
-            sum_dy_xmu[c] +=
-                (dy_xmu(r, c) + dy_xmu(r + 1, c)) + (dy_xmu(r + 2, c) + dy_xmu(r + 3, c));
+        with_wide<T>([&]() __attribute__((always_inline)) {
+          double* __restrict sum_dy = acc;
+          double* __restrict sum_dy_xmu = acc + channels;
+          auto dy = [gs, channels](int64_t r, int64_t c) __attribute__((always_inline)) {
+            return to_double(gs[r * channels + c]);
+          };
+          auto dy_xmu = [xs, gs, m, channels](int64_t r, int64_t c) __attribute__((always_inline)) {
+            const int64_t i = r * channels + c;
+            return to_double(gs[i]) * (to_double(xs[i]) - m[c]);
+          };
+          int64_t r = r0;
+          for (; r + 4 <= r1; r += 4) {
+            for (int64_t c = 0; c < channels; ++c) {
+              sum_dy[c] += (dy(r, c) + dy(r + 1, c)) + (dy(r + 2, c) + dy(r + 3, c));
+              sum_dy_xmu[c] +=
+                  (dy_xmu(r, c) + dy_xmu(r + 1, c)) + (dy_xmu(r + 2, c) + dy_xmu(r + 3, c));
+            }
           }
-        }
-        for (; r < r1; ++r) {
-          for (int64_t c = 0; c < channels; ++c) {
-            sum_dy[c] += dy(r, c);
-            sum_dy_xmu[c] += dy_xmu(r, c);
+          for (; r < r1; ++r) {
+            for (int64_t c = 0; c < channels; ++c) {
+              sum_dy[c] += dy(r, c);
+              sum_dy_xmu[c] += dy_xmu(r, c);
+            }
           }
-        }
+        });
       });
   const std::vector<double> sum_dy(sums.begin(), sums.begin() + channels);
   const std::vector<double> sum_dy_xmu(sums.begin() + channels, sums.end());
@@ -388,15 +401,17 @@ void batch_norm_backward_nhwc(const T* xs, const T* gs, T* dxs, const ChannelLay
   }
   const C *mp = mc.data(), *dp = dc.data(), *kp = kc.data(), *sp = sc.data();
   parallel_for(rows, grain_for(channels), [&](int64_t b, int64_t e) {
-    for (int64_t r = b; r < e; ++r) {
-      const T* xp = xs + r * channels;
-      const T* gp = gs + r * channels;
-      T* out = dxs + r * channels;
-      for (int64_t c = 0; c < channels; ++c) {
-        const C dy = static_cast<C>(gp[c]), xmu = static_cast<C>(xp[c]) - mp[c];
-        out[c] = static_cast<T>((dy - dp[c] - xmu * kp[c]) * sp[c]);
+    with_wide<T>([&]() __attribute__((always_inline)) {
+      for (int64_t r = b; r < e; ++r) {
+        const T* __restrict xp = xs + r * channels;
+        const T* __restrict gp = gs + r * channels;
+        T* __restrict out = dxs + r * channels;
+        for (int64_t c = 0; c < channels; ++c) {
+          const C dy = static_cast<C>(gp[c]), xmu = static_cast<C>(xp[c]) - mp[c];
+          out[c] = static_cast<T>((dy - dp[c] - xmu * kp[c]) * sp[c]);
+        }
       }
-    }
+    });
   });
 }
 

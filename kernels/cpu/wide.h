@@ -22,4 +22,21 @@ inline constexpr bool is_16bit_float = std::is_same_v<T, Half> || std::is_same_v
 #define KILN_WIDE_LOOP \
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq"), optimize("fp-contract=off")))
 
+// f() built into a KILN_WIDE_LOOP function. f must be a lambda marked
+// `__attribute__((always_inline))` whose loops call only always_inline helpers, so that
+// all of it is compiled inside, for AVX-512.
+template <class F>
+KILN_WIDE_LOOP void call_wide(F& f) {
+  f();
+}
+
+// f() in the AVX-512 build when T is a 16-bit float and wide_loops() says so, else plainly:
+// the same operations in the same order either way, so the same bits.
+template <class T, class F>
+void with_wide(F&& f) {
+  if constexpr (is_16bit_float<T>)
+    if (wide_loops()) return call_wide(f);
+  f();
+}
+
 }  // namespace kiln::cpu

@@ -1,22 +1,20 @@
 // The bf16 and f16 GEMMs (kernels/cpu/gemm_reduced.cpp) against a plain loop in doubles
 // over the same 16-bit values: odd sizes, every transpose, padded leading dimensions,
-// alpha and beta, on both bf16 paths (AVX-512 BF16 dot products where the CPU has them,
-// conversion to f32 everywhere).
+// alpha and beta, on every bf16 path this machine has (oneDNN's matmul where it has a JIT
+// kernel, AVX-512 BF16 dot products where the CPU has them, conversion to f32 everywhere).
 #include <cmath>
+#include <algorithm>
 #include <random>
+#include <thread>
 
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/gemm_dnnl.h"
 #include "testing.h"
 
 using namespace kiln;
 using kiln::cpu::Bf16GemmPath;
 
 namespace {
-
-std::vector<Bf16GemmPath> bf16_paths() {
-  if (cpu::cpu_has_avx512_bf16()) return {Bf16GemmPath::dot, Bf16GemmPath::convert};
-  return {Bf16GemmPath::convert};
-}
 
 struct PathScope {
   Bf16GemmPath previous = cpu::bf16_gemm_path();
@@ -62,7 +60,8 @@ void check_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, 
       const double ref = alpha * sum + (beta == 0 ? 0.0 : beta * double(c0[i * ldc + j]));
       // Every product of 16-bit values is exact in f32; each of the k additions (and alpha,
       // beta) rounds to f32 once, 2^-24 relative, on partial sums bounded by the sum of
-      // magnitudes: (k + 3) 2^-24 of |alpha| mag + |beta c0| bounds the error.
+      // magnitudes, in whatever order a path adds them (AMX adds pairs of products, oneDNN
+      // sums blocks of k apart): (k + 3) 2^-24 of |alpha| mag + |beta c0| bounds the error.
       const double bound = (k + 3) * std::ldexp(1.0, -24) *
                                (std::fabs(alpha) * mag + std::fabs(beta * c0[i * ldc + j])) +
                            1e-30;
@@ -89,9 +88,9 @@ const std::vector<Size> kSizes = {{1, 1, 1},    {1, 7, 3},     {5, 1, 2},    {7,
 }  // namespace
 
 TEST_CASE("gemm: bf16 against a loop in doubles, on each path", "[linalg][gemm]") {
-  const Bf16GemmPath path = GENERATE(from_range(bf16_paths()));
+  const Bf16GemmPath path = GENERATE(from_range(cpu::bf16_gemm_paths()));
   PathScope scope(path);
-  INFO("path " << (path == Bf16GemmPath::dot ? "dot" : "convert"));
+  INFO("path " << cpu::bf16_gemm_path_name(path));
   for (const bool ta : {false, true})
     for (const bool tb : {false, true})
       for (const Size& s : kSizes) check_gemm<BFloat16>(ta, tb, s.m, s.n, s.k, 1.0f, 0.0f);
@@ -109,7 +108,7 @@ TEST_CASE("gemm: f16 against a loop in doubles", "[linalg][gemm]") {
 }
 
 TEST_CASE("gemm: 16-bit empty products and bad leading dimensions", "[linalg][gemm]") {
-  const Bf16GemmPath path = GENERATE(from_range(bf16_paths()));
+  const Bf16GemmPath path = GENERATE(from_range(cpu::bf16_gemm_paths()));
   PathScope scope(path);
   std::vector<float> c = {1, 2, 3, 4};
   const BFloat16 one(1.0f);
@@ -123,11 +122,35 @@ TEST_CASE("gemm: 16-bit empty products and bad leading dimensions", "[linalg][ge
                     Catch::Contains("leading dimensions") && Catch::Contains("m=2 n=2 k=3"));
 }
 
-TEST_CASE("gemm: the bf16 dot path is refused where the CPU lacks it", "[linalg][gemm]") {
-  if (cpu::cpu_has_avx512_bf16()) {
-    CHECK(cpu::bf16_gemm_path() == Bf16GemmPath::dot);
+TEST_CASE("gemm: the default bf16 path, and paths the machine lacks are refused", "[linalg][gemm]") {
+  const std::vector<Bf16GemmPath> paths = cpu::bf16_gemm_paths();
+  auto has = [&](Bf16GemmPath p) { return std::find(paths.begin(), paths.end(), p) != paths.end(); };
+  CHECK(has(Bf16GemmPath::convert));
+  CHECK(has(Bf16GemmPath::dot) == cpu::cpu_has_avx512_bf16());
+  // oneDNN by default only where it multiplies on AMX; else the dot products, else convert.
+  const Bf16GemmPath expected =
+      cpu::dnnl_bf16_gemm_implementation().find("amx") != std::string::npos ? Bf16GemmPath::dnnl
+      : cpu::cpu_has_avx512_bf16()                                           ? Bf16GemmPath::dot
+                                                                             : Bf16GemmPath::convert;
+  CHECK(cpu::bf16_gemm_path() == expected);
+  if (!has(Bf16GemmPath::dot))
+    CHECK_THROWS_WITH(cpu::set_bf16_gemm_path(Bf16GemmPath::dot), Catch::Contains("avx512_bf16"));
+  if (!has(Bf16GemmPath::dnnl))
+    CHECK_THROWS_WITH(cpu::set_bf16_gemm_path(Bf16GemmPath::dnnl), Catch::Contains("oneDNN"));
+}
+
+TEST_CASE("gemm: bf16 through oneDNN from two threads at once", "[linalg][gemm]") {
+  if (!std::ranges::count(cpu::bf16_gemm_paths(), Bf16GemmPath::dnnl)) {
+    WARN("no oneDNN bf16 matmul here");
     return;
   }
-  CHECK(cpu::bf16_gemm_path() == Bf16GemmPath::convert);
-  CHECK_THROWS_WITH(cpu::set_bf16_gemm_path(Bf16GemmPath::dot), Catch::Contains("avx512_bf16"));
+  PathScope scope(Bf16GemmPath::dnnl);
+  // Two threads multiply the same shapes (so the same kept primitive) at once, as two
+  // trainers in one process would; each call brings its own scratch memory.
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 2; ++t)
+    threads.emplace_back([] {
+      for (int rep = 0; rep < 3; ++rep) check_gemm<BFloat16>(false, true, 97, 65, 391, 1.0f, 0.0f);
+    });
+  for (std::thread& t : threads) t.join();
 }

@@ -50,28 +50,19 @@ Pair rounded(const Tensor& x, DType dtype) {
 
 std::vector<MemoryFormat> formats() { return {MemoryFormat::contiguous, kNhwc}; }
 
-std::vector<cpu::Bf16GemmPath> bf16_paths() {
-  if (cpu::cpu_has_avx512_bf16()) return {cpu::Bf16GemmPath::dot, cpu::Bf16GemmPath::convert};
-  return {cpu::Bf16GemmPath::convert};
-}
-
 struct PathScope {
   cpu::Bf16GemmPath previous = cpu::bf16_gemm_path();
   explicit PathScope(cpu::Bf16GemmPath p) { cpu::set_bf16_gemm_path(p); }
   ~PathScope() { cpu::set_bf16_gemm_path(previous); }
 };
 
-const char* path_name(cpu::Bf16GemmPath p) {
-  return p == cpu::Bf16GemmPath::dot ? "dot" : "convert";
-}
-
 }  // namespace
 
 TEST_CASE("16-bit mm, bmm, addmm and linear round the f32 product once", "[reduced]") {
   const DType dtype = GENERATE(DType::bf16, DType::f16);
-  const cpu::Bf16GemmPath path = GENERATE(from_range(bf16_paths()));
+  const cpu::Bf16GemmPath path = GENERATE(from_range(cpu::bf16_gemm_paths()));
   PathScope scope(path);
-  INFO(name(dtype) << ", bf16 GEMM path " << path_name(path));
+  INFO(name(dtype) << ", bf16 GEMM path " << cpu::bf16_gemm_path_name(path));
   // Odd sizes, and one past the dot path's blocks (384 k, 96 rows).
   for (const auto& [m, k, n] : {std::array<int64_t, 3>{3, 5, 7}, {97, 391, 33}, {2, 64, 10}}) {
     INFO("m=" << m << " k=" << k << " n=" << n);
@@ -94,7 +85,7 @@ TEST_CASE("16-bit mm, bmm, addmm and linear round the f32 product once", "[reduc
 TEST_CASE("16-bit conv2d and its gradients round the f32 results once", "[reduced][conv]") {
   const DType dtype = GENERATE(DType::bf16, DType::f16);
   const MemoryFormat format = GENERATE(from_range(formats()));
-  const cpu::Bf16GemmPath path = GENERATE(from_range(bf16_paths()));
+  const cpu::Bf16GemmPath path = GENERATE(from_range(cpu::bf16_gemm_paths()));
   PathScope scope(path);
   struct Case {
     Shape input, weight;
@@ -117,7 +108,7 @@ TEST_CASE("16-bit conv2d and its gradients round the f32 results once", "[reduce
   };
   for (const Case& c : cases) {
     INFO(name(dtype) << " " << (format == kNhwc ? "channels_last" : "contiguous") << " path "
-                     << path_name(path) << " input " << shape_str(c.input) << " weight "
+                     << cpu::bf16_gemm_path_name(path) << " input " << shape_str(c.input) << " weight "
                      << shape_str(c.weight));
     const Pair x = rounded(randn(c.input).contiguous(format), dtype);
     const Pair w = rounded(randn(c.weight), dtype);
