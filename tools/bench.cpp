@@ -1,6 +1,7 @@
 // kiln-bench: speed measured as ratios in one run. This file: `train` and `mlp-block`,
 // which time training steps, and the command line; `ops` (single ops, one JSON line each)
-// is in tools/bench_ops.cpp, `convs` (a model's convolutions) in tools/bench_convs.cpp.
+// is in tools/bench_ops.cpp, `convs` (a model's convolutions) in tools/bench_convs.cpp, `plan`
+// (the GPU cost model's prediction) in tools/bench_plan.cpp.
 // tools/bench_vs_torch.py runs them against PyTorch.
 #include <algorithm>
 #include <array>
@@ -599,7 +600,8 @@ int main(int argc, char** argv) {
     if (argc >= 2 && std::strcmp(argv[1], "train") == 0) return bench_train(parse_train_options(argc, argv));
     if (argc >= 2 && std::strcmp(argv[1], "mlp-block") == 0) return bench_mlp_block(parse_mlp_block_options(argc, argv));
     if (argc >= 2 && std::strcmp(argv[1], "convs") == 0) return bench_convs(argc, argv);
-    std::cerr << "usage: kiln-bench ops | train [options] | mlp-block [options] | convs [options]\n"
+    if (argc >= 2 && std::strcmp(argv[1], "plan") == 0) return bench_plan(argc, argv);
+    std::cerr << "usage: kiln-bench ops | train [options] | mlp-block [options] | convs [options] | plan [options]\n"
                  "  ops    GFLOP/s of a 1024^3 f32 matmul, GB/s of a 64M-element add against\n"
                  "         memcpy, ms of ResNet-50-sized conv2d ops; bf16 products and convolutions\n"
                  "         with their speedup over f32; one JSON line each. --device cuda:\n"
@@ -626,7 +628,12 @@ int main(int argc, char** argv) {
                  "         median ms and GFLOP/s of forward, backward-input and backward-weight, one JSON line\n"
                  "         each: --model ARCH:BATCH:IMAGE_SIZE (repeatable; default resnet18:64:32,\n"
                  "         resnet50:8:64, resnet50:32:32) --reps 5 [--channels-last] [--list: shapes only]\n"
-                 "         [--dtype f32|bf16|f16: the tensors' dtype, as under autocast]\n";
+                 "         [--dtype f32|bf16|f16: the tensors' dtype, as under autocast]\n"
+                 "  plan   the GPU cost model's prediction for a compiled training step (compiler/cost.h),\n"
+                 "         traced on this machine: planned and minimum traffic, launches, roofline ms and\n"
+                 "         img/s, one JSON line per layout (keep = NCHW, channels_last): --arch resnet50\n"
+                 "         --batch 128 --image-size 224 --classes 1000 --gpu h200|h100|a100 [--amp bf16|fp16]\n"
+                 "         [--no-tf32] [--layout keep|channels_last]\n";
     return 2;
   });
 }

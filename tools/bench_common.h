@@ -40,6 +40,8 @@ inline const char* bf16_gemm_name() {
   }
 }
 
+// kiln-bench plan ARGS... (tools/bench_plan.cpp).
+int bench_plan(int argc, char** argv);
 // kiln-bench ops and ops --device cuda (tools/bench_ops.cpp).
 int bench_ops();
 int bench_ops_cuda();

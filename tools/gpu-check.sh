@@ -15,7 +15,7 @@
 # GPU_CHECK_BUILD (build-gpu), GPU_CHECK_CMAKE_FLAGS (extra configure flags),
 # GPU_CHECK_BUILD_S (330, the build step's limit), KILN_BENCH_ARGS, TORCH_BENCH_ARGS,
 # GPU_CHECK_FORCE_GPU=0|1 (overrides the GPU detection), GPU_CHECK_SKIP_TORCH=1 (no PyTorch
-# baseline), GPU_CHECK_CORE_TESTS=1 (the core tests too), GPU_CHECK_TARGETS (what to build;
+# baseline), GPU_CHECK_SKIP_PLAN=1 (no cost-model lines), GPU_CHECK_CORE_TESTS=1 (the core tests too), GPU_CHECK_TARGETS (what to build;
 # a step whose program was not built is skipped or failed as such).
 set -u -o pipefail
 
@@ -271,6 +271,26 @@ else
     run_step bench-pytorch-fp16 120 - python3 "$ROOT/tools/bench_torch.py" \
       --device cuda --batch 256 --image-size 224 --steps 10 --warmup 3 --modes eager --amp fp16
     collect_bench pytorch
+  fi
+fi
+
+# --- 5b. The cost model's predictions beside the kiln lines (compiler/cost.h) ---------------
+# Traced on this machine's CPU (no GPU needed): the same steps as the kiln lines above, NCHW
+# and channels-last in TF32 at batch 128, bf16 channels-last at 256, for the GPU found here.
+# docs/cuda.md, "The cost model", compares them with the measured steps. Last, since it
+# measures nothing on the GPU; GPU_CHECK_SKIP_PLAN=1 leaves it out.
+if [ "${GPU_CHECK_SKIP_PLAN:-0}" != 1 ] && [ -x "$BUILD/bin/kiln-bench" ]; then
+  case "$(timeout 30 nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)" in
+    *H100*) PLAN_GPU=h100 ;;
+    *A100*) PLAN_GPU=a100 ;;
+    *) PLAN_GPU=h200 ;;
+  esac
+  run_step plan-tf32 120 - "$BUILD/bin/kiln-bench" plan --arch resnet50 --batch 128 --image-size 224 --gpu "$PLAN_GPU"
+  collect_bench kiln
+  if [ "${GPU_CHECK_SKIP_AMP:-0}" != 1 ]; then
+    run_step plan-bf16 120 - "$BUILD/bin/kiln-bench" plan --arch resnet50 --batch 256 --image-size 224 \
+      --gpu "$PLAN_GPU" --amp bf16 --layout channels_last
+    collect_bench kiln
   fi
 fi
 

@@ -19,15 +19,14 @@
 
 #include <kiln.h>
 
-#include "core/autocast.h"
-
 #include "compiler/codegen/cpp.h"
 #include "compiler/codegen/cuda.h"
+#include "compiler/cost.h"
 #include "compiler/fusion.h"
 #include "compiler/passes/passes.h"
 #include "kernels/cuda/nvrtc.h"
 #include "tools/report_errors.h"
-#include "tools/trainer.h"
+#include "tools/step_graph.h"
 
 using namespace kiln;
 
@@ -69,6 +68,10 @@ struct ModelOptions {
   std::string diff_a, diff_b;
   std::string gpu_arch = "sm_90";
   std::optional<DType> amp;  // --amp: the forward (and loss) traced under autocast to this dtype
+  std::optional<compiler::LayoutPolicy> layout;  // --layout; else the target's automatic choice
+  bool cost = false;         // --cost: the GPU cost model's table instead of a stage
+  std::string gpu = "h200";  // --gpu: the GPU it models
+  bool tf32 = true;          // --no-tf32: f32 products on CUDA cores
   bool wants(const std::string& s) const { return stage == s || diff_a == s || diff_b == s; }
 };
 
@@ -118,37 +121,26 @@ std::string cuda_table(const std::vector<compiler::codegen::Kernel>& kernels, co
   return out;
 }
 
-// Traces one step of the model (a training step: forward, cross entropy, backward; or an
-// inference forward) and runs the pipeline, keeping each stage's text.
+// Traces one step of the model (tools/step_graph.h) and keeps each stage's text.
 Stages build_stages(const ModelOptions& o) {
-  manual_seed(0);
-  std::shared_ptr<nn::Module> model = train::make_model(o.arch, o.classes, o.channels, o.image_size);
-  model->train(o.train);
-  const compiler::TraceOptions names = compiler::module_names(*model);
-  const bool flatten = o.arch == "mlp";
-  Tensor x = randn({o.batch, o.channels, o.image_size, o.image_size});
-  Tensor y = randint(0, o.classes, {o.batch});
-  auto step = [&](const std::vector<Tensor>& a) -> std::vector<Tensor> {
-    Tensor input = flatten ? a[0].flatten(1) : a[0];
-    // As in PyTorch: the forward and the loss under autocast, backward outside the scope
-    // (its gradients take the dtypes of the forward's values, parameters' stay f32).
-    std::optional<autocast> amp;
-    if (o.amp) amp.emplace(AutocastOptions{.dtype = o.amp});
-    if (!o.train) {
-      NoGradGuard no_grad;
-      return {(*model)(input)};
-    }
-    Tensor loss = cross_entropy((*model)(input), a[1]);
-    amp.reset();
-    loss.backward();
-    return {loss};
-  };
-  const compiler::Trace t = compiler::trace(step, {x, y}, names);
+  // The step is traced on the CPU; the cost model plans it for CUDA, whose automatic
+  // layout choice is NCHW for now (compiler/passes/passes.h, LayoutPolicy).
+  const compiler::LayoutPolicy layout =
+      o.layout ? *o.layout : o.cost ? compiler::LayoutPolicy::keep : compiler::LayoutPolicy::automatic;
+  train::StepGraph step = train::trace_step_graph({.arch = o.arch,
+                                                   .train = o.train,
+                                                   .batch = o.batch,
+                                                   .image_size = o.image_size,
+                                                   .classes = o.classes,
+                                                   .channels = o.channels,
+                                                   .amp = o.amp,
+                                                   .layout = layout});
   Stages s;
-  s.texts.emplace_back("trace", compiler::print(t.graph));
-  s.simplified = compiler::run_pipeline(t.graph, compiler::default_compile_passes(), &s.passes);
+  s.texts.emplace_back("trace", compiler::print(step.traced));
+  s.simplified = std::move(step.simplified);
+  s.passes = std::move(step.passes);
   s.texts.emplace_back("simplified", compiler::print(s.simplified));
-  s.groups = compiler::fuse(s.simplified);
+  s.groups = std::move(step.schedule);
   std::string fused, kernels, source, cuda_source;
   std::vector<compiler::codegen::Kernel> generated;
   int64_t num_kernels = 0, num_eager = 0;
@@ -248,6 +240,16 @@ std::string dot_of(const compiler::Graph& g, const std::vector<compiler::Schedul
 
 int model_stages(const ModelOptions& o) {
   const Stages s = build_stages(o);
+  if (o.cost) {
+    const compiler::GpuSpec& gpu = compiler::gpu_spec(o.gpu);
+    const compiler::CostReport r = compiler::estimate_cost(s.simplified, s.groups, gpu, {.tf32 = o.tf32});
+    std::cout << fmt::format("cost model: {} {} step, batch {}, {}x{}, on {} ({}), {}, layout {}\n", o.arch,
+                             o.train ? "training" : "inference", o.batch, o.image_size, o.image_size, gpu.name,
+                             gpu.description, o.amp ? fmt::format("autocast {}", *o.amp) : o.tf32 ? "tf32" : "f32",
+                             compiler::layout_policy_name(o.layout ? *o.layout : compiler::LayoutPolicy::keep))
+              << compiler::cost_table(r);
+    return 0;
+  }
   if (!o.diff_a.empty()) {
     std::cout << diff(s.text(o.diff_a), s.text(o.diff_b));
     return 0;
@@ -287,6 +289,16 @@ ModelOptions parse_model_options(int argc, char** argv) {
     else if (option == "--stage") o.stage = value();
     else if (option == "--dot") o.dot_file = value();
     else if (option == "--gpu-arch") o.gpu_arch = value();
+    else if (option == "--cost") o.cost = true;
+    else if (option == "--gpu") o.gpu = value();
+    else if (option == "--no-tf32") o.tf32 = false;
+    else if (option == "--layout") {
+      const std::string v = value();
+      if (v == "auto") o.layout = compiler::LayoutPolicy::automatic;
+      else if (v == "keep") o.layout = compiler::LayoutPolicy::keep;
+      else if (v == "channels_last" || v == "channels-last") o.layout = compiler::LayoutPolicy::channels_last;
+      else fail("kiln-ir: --layout {}: expected auto, keep or channels_last", v);
+    }
     else if (option == "--amp") {
       const std::string v = value();
       if (v == "bf16") o.amp = DType::bf16;
@@ -306,13 +318,15 @@ ModelOptions parse_model_options(int argc, char** argv) {
   check_range("--image-size", o.image_size, 4096);
   check_range("--classes", o.classes, 1 << 20);
   check_range("--channels", o.channels, 4096);
+  if (o.cost) compiler::gpu_spec(o.gpu);  // an unknown GPU fails before the trace
   return o;
 }
 
 void usage(std::ostream& os) {
   os << "usage: kiln-ir MODEL [--train] [--batch N] [--image-size N] [--classes N] [--channels N]\n"
         "               [--stage STAGE] [--dot FILE] [--diff STAGE_A STAGE_B] [--gpu-arch sm_XX]\n"
-        "               [--amp bf16|fp16]\n"
+        "               [--amp bf16|fp16] [--layout auto|keep|channels_last]\n"
+        "               [--cost [--gpu h200|h100|a100] [--no-tf32]]\n"
         "       kiln-ir --ops\n"
         "  MODEL   resnet18|resnet34|resnet50|resnet101|resnet152|mlp|cnn: traces one step\n"
         "          (--train: forward, cross entropy and backward; else an inference forward)\n"
@@ -324,6 +338,11 @@ void usage(std::ostream& os) {
         "  --amp   traces the forward and the loss under kiln::autocast to bf16 or fp16 (backward\n"
         "          outside it, as in PyTorch); the fused and cuda stages count the stand-alone\n"
         "          cast steps (kernels that only convert a dtype)\n"
+        "  --layout  where the layout pass runs convolutions NHWC: auto (the target's choice:\n"
+        "          the CPU's for the stages, CUDA's, NCHW for now, for --cost), keep, channels_last\n"
+        "  --cost  the GPU cost model of the fused step on CUDA (compiler/cost.h): per step the\n"
+        "          bytes read and written, GFLOP, launches and roofline time on --gpu (h200 by\n"
+        "          default), totals per kind, and the planned traffic against the minimum\n"
         "  --dot   writes the simplified graph for Graphviz, kernels as clusters\n"
         "  --diff  a line diff of two stages\n"
         "  --ops   list every registered op: kind, devices with a kernel, backward formula\n"

@@ -1,0 +1,36 @@
+#pragma once
+// One traced step of a zoo model, run through kiln::compile's passes and fused: what
+// kiln-ir prints stage by stage and what kiln-bench plan costs on a GPU
+// (compiler/cost.h). The step is traced on the CPU with a random batch: a training step
+// is forward, cross entropy and backward (the forward and loss under autocast with amp),
+// an inference step is a forward without gradients.
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <kiln.h>
+
+#include "compiler/fusion.h"
+#include "compiler/passes/passes.h"
+
+namespace kiln::train {
+
+struct StepGraphOptions {
+  std::string arch;  // a zoo model (make_model's names)
+  bool train = false;
+  int64_t batch = 2, image_size = 32, classes = 10, channels = 3;
+  std::optional<DType> amp;
+  compiler::LayoutPolicy layout = compiler::LayoutPolicy::automatic;
+};
+
+struct StepGraph {
+  compiler::Graph traced;      // as recorded
+  compiler::Graph simplified;  // after kiln::compile's passes
+  std::vector<compiler::PassRecord> passes;
+  std::vector<compiler::ScheduleStep> schedule;  // fuse(simplified)
+};
+
+StepGraph trace_step_graph(const StepGraphOptions& o);
+
+}  // namespace kiln::train
