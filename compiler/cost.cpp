@@ -9,7 +9,6 @@
 
 #include "compiler/codegen/lower.h"
 #include "core/error.h"
-#include "core/ops/conv.h"
 
 namespace kiln::compiler {
 
@@ -71,96 +70,10 @@ Value base_of(const Graph& g, Value v) {
 }
 int64_t read_bytes(const Graph& g, Value v) { return std::min(bytes_of(g.type(v)), bytes_of(g.type(base_of(g, v)))); }
 
-// The tensor-core (or CUDA-core) rate products of this dtype run at.
-double product_rate(DType t, const GpuSpec& gpu, const CostOptions& o) {
-  if (is_reduced_float(t)) return gpu.bf16_flops;
-  if (t == DType::f32 && o.tf32) return gpu.tf32_flops;
-  return gpu.fp32_flops;
-}
-
-bool is_product(const std::string& op) {
-  return op == "mm" || op == "matmul" || op == "bmm" || op == "addmm" || op == "linear" || op == "baddbmm";
-}
-
-// What a library call adds to its operands and results on CUDA, and its FLOPs.
-void add_library_costs(const Graph& g, const Node& n, StepCost& c, const GpuSpec& gpu, const CostOptions& o,
-                       double& rate) {
-  const std::string& op = n.op;
-  rate = gpu.fp32_flops;
-  c.flops = static_cast<double>(numel_of(n.outputs[0].shape));
-  if (op == "conv2d" || op == "conv2d_backward_input" || op == "conv2d_backward_weight") {
-    // Multiply-adds: each output-shaped element times the weight's reduction size.
-    const TensorType& y = op == "conv2d" ? n.outputs[0] : g.type(n.inputs[0]);
-    const TensorType& w = op == "conv2d_backward_weight" ? n.outputs[0] : g.type(n.inputs[1]);
-    c.flops = 2.0 * static_cast<double>(numel_of(y.shape)) * static_cast<double>(numel_of(w.shape)) /
-              static_cast<double>(std::max<int64_t>(1, w.shape.at(0)));
-    rate = product_rate(y.dtype, gpu, o);
-    const TensorType& activation = op == "conv2d_backward_weight" ? g.type(n.inputs[1]) : g.type(n.inputs[0]);
-    const bool tensor_cores = rate != gpu.fp32_flops;
-    if (tensor_cores && activation.layout != MemoryFormat::channels_last && activation.shape.size() == 4) {
-      // cuDNN's tensor-core kernels are NHWC: an NCHW call transposes its activation in
-      // and its activation-shaped result (or gradient) out.
-      const int64_t in = bytes_of(activation);
-      const int64_t out = op == "conv2d_backward_weight" ? bytes_of(g.type(n.inputs[0])) : bytes_of(n.outputs[0]);
-      c.bytes_read += in + out;
-      c.bytes_written += in + out;
-      c.launches += 2;
-      c.note = "nchw: transposes in and out";
-    }
-    return;
-  }
-  if (is_product(op)) {
-    const Shape& a = g.type(n.inputs[op == "addmm" || op == "baddbmm" ? 1 : 0]).shape;
-    c.flops = 2.0 * static_cast<double>(numel_of(n.outputs[0].shape)) * static_cast<double>(a.empty() ? 1 : a.back());
-    rate = product_rate(n.outputs[0].dtype, gpu, o);
-    return;
-  }
-  const bool reduced = !n.inputs.empty() && n.inputs[0].defined() && is_reduced_float(g.type(n.inputs[0]).dtype);
-  if (op == "batch_norm" || op == "batch_norm_stats_update") {
-    const int64_t elements = numel_of(g.type(n.inputs[0]).shape), f32 = elements * 4;
-    const bool forward = op == "batch_norm";
-    // cuDNN reads x once for the statistics and once to normalize. 16-bit x is converted
-    // to an f32 copy first (which cuDNN reads twice) and y converted back from f32. The
-    // statistics update reruns the forward on copies and writes a y it throws away.
-    if (reduced) {
-      c.bytes_written += f32 + (forward ? f32 : 0);
-      c.bytes_read += 2 * f32 + (forward ? f32 : 0);
-      c.launches += forward ? 2 : 1;
-      c.note = "16-bit: converted to f32 and back";
-    } else {
-      c.bytes_read += bytes_of(g.type(n.inputs[0]));
-    }
-    if (!forward) {
-      c.bytes_written += reduced ? f32 : bytes_of(g.type(n.inputs[0]));
-      c.launches += 2;  // the copies of the running statistics
-      c.note += c.note.empty() ? "reruns the forward" : "; reruns the forward";
-    }
-    c.flops = 8.0 * static_cast<double>(elements);
-    return;
-  }
-  if (op == "batch_norm_backward") {
-    const Value dy = n.inputs[0], x = n.inputs[1];
-    const int64_t elements = numel_of(g.type(x).shape), f32 = elements * 4;
-    // Two passes over x and dy: the reductions of dy and dy (x - mean), then dx. 16-bit x
-    // and dy are converted to f32 copies (read twice), dx converted back.
-    if (reduced) {
-      c.bytes_written += 2 * f32 + f32;
-      c.bytes_read += 4 * f32 + f32;
-      c.launches += 3;
-      c.note = "16-bit: converted to f32 and back";
-    } else {
-      c.bytes_read += bytes_of(g.type(dy)) + bytes_of(g.type(x));
-    }
-    c.flops = 10.0 * static_cast<double>(elements);
-    return;
-  }
-  if (op == "sgd_update_multi" || op == "adamw_update_multi" || op == "adam_update_multi") {
-    const int64_t count = n.attrs.has("count") ? n.attrs.i("count") : 1;
-    const int64_t group = op == "sgd_update_multi" ? 24 : 16;  // kernels/cuda/optim.h's tables
-    c.launches = std::max<int64_t>(1, (count + group - 1) / group);
-    c.flops = 0;
-    for (const TensorType& t : n.outputs) c.flops += 4.0 * static_cast<double>(numel_of(t.shape));
-  }
+// The rate a library call's FLOPs run at: tensor cores in its math dtype, else CUDA cores.
+double rate_of(const GpuWork& w, const GpuSpec& gpu) {
+  if (!w.tensor_cores) return gpu.fp32_flops;
+  return is_reduced_float(w.math) ? gpu.bf16_flops : gpu.tf32_flops;
 }
 
 }  // namespace
@@ -218,7 +131,16 @@ CostReport estimate_cost(const Graph& g, const std::vector<ScheduleStep>& schedu
         c.flops += static_cast<double>(numel_of(space));
       }
     } else {
-      add_library_costs(g, first, c, gpu, o, rate);
+      std::vector<TensorMeta> in, out;
+      for (const Value v : first.inputs) in.push_back(v.defined() ? g.type(v).meta() : TensorMeta{.defined = false});
+      for (const TensorType& t : first.outputs) out.push_back(t.meta());
+      const GpuWork w = first.def->gpu_work ? first.def->gpu_work(in, out, first.attrs, o.tf32) : GpuWork{};
+      c.flops = w.flops >= 0 ? w.flops : static_cast<double>(numel_of(first.outputs[0].shape));
+      c.bytes_read += w.extra_read;
+      c.bytes_written += w.extra_written;
+      c.launches = w.launches;
+      c.note = w.note;
+      rate = rate_of(w, gpu);
     }
     const double memory_s = static_cast<double>(c.bytes_read + c.bytes_written) / gpu.memory_bytes_per_s;
     const double compute_s = c.flops / rate;

@@ -13,12 +13,12 @@
 // - a generated kernel (pointwise or reduction): one launch; it reads every value it takes
 //   from outside the step once (a broadcast input at its own size, not the kernel's) and
 //   writes every value used after it; a FLOP per node and element;
-// - a library call: its operands and results, plus what the CUDA implementation is known
-//   to add (kernels/cuda/*.cpp): cuDNN's batch norm reads its input twice (statistics, then
-//   the normalization) and its backward reads x and dy twice; 16-bit batch norm converts to
-//   f32 and back; NCHW convolutions in TF32 or 16-bit transpose their activations to NHWC
-//   and back for the tensor-core kernels; batch_norm_stats_update reruns the forward on
-//   copies. Convolutions and products run at the tensor-core rate of their precision;
+// - a library call: its operands and results, plus what the op's registry entry says its
+//   CUDA implementation adds (OpDef::gpu_work, from kernels/gpu_work.cpp): cuDNN's batch
+//   norm reads its input twice and its backward reads x and dy twice; 16-bit batch norm
+//   converts to f32 and back; NCHW convolutions in TF32 or 16-bit transpose their
+//   activations to NHWC and back for the tensor-core kernels; the FLOPs of convolutions
+//   and products, which run at the tensor-core rate of their precision;
 // - a view: nothing.
 // The roofline time of a step is max(bytes / bandwidth, FLOPs / rate); launch overhead is
 // counted apart (it vanishes in a replayed CUDA graph).

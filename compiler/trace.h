@@ -16,9 +16,9 @@
 // - an in-place op (add_, copy_, ...) is recorded as the pure op, and when its target is a
 //   graph input, as a write-back to it;
 // - batch_norm in training with running statistics (which its kernel updates in place) is
-//   recorded as batch_norm without them (none: batch statistics, nothing written), then
-//   batch_norm_stats_update(input, running_mean, running_var) {momentum} for their new
-//   values, written back into them when they are graph inputs; a module's
+//   recorded as the pure batch_norm_update(input, weight, bias, running_mean, running_var)
+//   {training, momentum, eps}: batch_norm's three outputs and the statistics' new values,
+//   written back into them when they are graph inputs; a module's
 //   num_batches_tracked.add_(1) is an in-place op like any other;
 // - the optimizers' in-place updates (sgd_update_, adamw_update_: registry ops whose
 //   hyperparameters are the groups' 0-d tensors) are recorded as their pure twins

@@ -319,12 +319,12 @@ bool Tracer::updates_running_stats(const OpCall& call) {
          call.inputs.size() == 5 && call.inputs[3].defined() && call.inputs[4].defined();
 }
 
-// Recorded as three pure steps: batch_norm without the running statistics (it then
-// normalizes with the batch's statistics, as it did, and writes nothing: a node that
-// still held them would update them again at replay, on top of the write-back), then
-// batch_norm_stats_update computing their new values from the same input (bit for bit
-// the kernel's update), then those values as the running statistics' new content
-// (write-backs when they are graph inputs: module buffers, captured as state).
+// Recorded as one pure op, batch_norm_update: batch_norm's outputs, and the running
+// statistics' new values computed from the same batch statistics (bit for bit the kernel's
+// in-place update), which become the running statistics' new content (write-backs when
+// they are graph inputs: module buffers, captured as state). The kernels compute the batch
+// statistics once for both (before, a batch_norm without running statistics and a
+// batch_norm_stats_update each computed them).
 void Tracer::record_batch_norm_training(const OpCall& call) {
   const std::string& op = call.op.name;
   const Tensor& running_mean = call.inputs[3];
@@ -341,15 +341,13 @@ void Tracer::record_batch_norm_training(const OpCall& call) {
 
   std::vector<Value> inputs;
   for (size_t i = 0; i < 3; ++i) inputs.push_back(value_of(call.inputs[i], op, written));
-  const Value mean_before = value_of(running_mean, op, written);
-  const Value var_before = value_of(running_var, op, written);
-  const Value input = inputs[0];
-  inputs.resize(5);  // running statistics: none
-  const std::vector<Value> outs = trace_.graph.add_op(op, std::move(inputs), call.attrs, op);
-  const double momentum = call.attrs.has("momentum") ? call.attrs.f("momentum") : 0.1;
-  const std::vector<Value> updated =
-      trace_.graph.add_op("batch_norm_stats_update", {input, mean_before, var_before},
-                          {{"momentum", momentum}}, op);
+  inputs.push_back(value_of(running_mean, op, written));
+  inputs.push_back(value_of(running_var, op, written));
+  Attrs attrs = call.attrs;
+  if (!attrs.has("momentum")) attrs.set("momentum", 0.1);
+  std::vector<Value> outs = trace_.graph.add_op("batch_norm_update", std::move(inputs), std::move(attrs), op);
+  const std::vector<Value> updated(outs.begin() + 3, outs.end());
+  outs.resize(3);
   for (const StorageImpl* storage : written) {
     StorageState& state = storages_.at(storage);
     if (const std::shared_ptr<StorageImpl> alive = state.storage.lock())

@@ -165,6 +165,12 @@ void register_kernel(std::string_view op, DeviceType device, KernelFn kernel) {
   r.entry(op).kernels[static_cast<int>(device)] = kernel;
 }
 
+void set_gpu_work(std::string_view op, GpuWorkFn work) {
+  Registry& r = registry();
+  std::lock_guard lock(r.mutex);
+  r.entry(op).gpu_work = work;
+}
+
 void set_backward(std::string_view op, const BackwardFormula* formula, bool reads_inputs) {
   Registry& r = registry();
   std::lock_guard lock(r.mutex);

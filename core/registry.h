@@ -129,6 +129,22 @@ enum class CastPolicy : uint8_t {
   promote,  // to the widest floating dtype among them: add, cat, where
 };
 
+// What one call of a library op does on a GPU beyond reading each input and writing each
+// output once, for the GPU cost model (compiler/cost.h). kernels/gpu_work.cpp gives each op
+// that needs one its function, from what the CUDA kernels (kernels/cuda/) do.
+struct GpuWork {
+  double flops = -1;           // -1: one per element of the first output
+  bool tensor_cores = false;   // its products run on tensor cores, in the dtype `math`
+  DType math = DType::f32;
+  int64_t extra_read = 0;      // bytes the implementation reads and writes besides
+  int64_t extra_written = 0;
+  int64_t launches = 1;        // kernels it launches
+  std::string note;            // why the extras ("nchw: transposes in and out", ...)
+};
+// tf32: f32 products may run on TF32 tensor cores.
+using GpuWorkFn = GpuWork (*)(std::span<const TensorMeta> in, std::span<const TensorMeta> out, const Attrs& attrs,
+                              bool tf32);
+
 struct OpDef {
   std::string name;
   InferFn infer = nullptr;
@@ -168,6 +184,7 @@ struct OpDef {
   std::array<KernelFn, kNumDeviceTypes> kernels{};
   const BackwardFormula* backward = nullptr;  // set by autograd/
   bool backward_reads_inputs = false;         // the formula needs the inputs' values
+  GpuWorkFn gpu_work = nullptr;               // set by kernels/gpu_work.cpp
 
   // The inputs a call with `attrs` writes in place.
   std::vector<int> mutated(const Attrs& attrs) const {
@@ -191,6 +208,8 @@ void register_kernel_maker(DeviceType device, KernelMaker make);
 const OpDef& find_op(std::string_view name);
 // Every defined op, sorted by name.
 std::vector<const OpDef*> all_ops();
+// Lets kernels/ say what an op's library call costs on a GPU (GpuWork above).
+void set_gpu_work(std::string_view op, GpuWorkFn work);
 // Lets autograd/ attach a backward formula to an op.
 void set_backward(std::string_view op, const BackwardFormula* formula, bool reads_inputs);
 

@@ -100,6 +100,27 @@ std::vector<TensorMeta> infer_batch_norm_stats_update(std::span<const TensorMeta
 const OpDef& kBatchNormStatsUpdate =
     define_op({.name = "batch_norm_stats_update", .infer = infer_batch_norm_stats_update});
 
+// (input, weight?, bias?, running_mean, running_var) {training=true, momentum, eps} ->
+// (out, save_mean, save_invstd, new_running_mean, new_running_var): batch_norm in training
+// and batch_norm_stats_update over the same input as one pure op, whose kernels compute the
+// batch statistics once (the tracer records it for a training batch norm; the values are
+// bit for bit the two ops').
+std::vector<TensorMeta> infer_batch_norm_update(std::span<const TensorMeta> in, const Attrs& a) {
+  constexpr const char* op = "batch_norm_update";
+  check_count(in, 5, op);
+  KILN_CHECK(in[3].defined && in[4].defined, "{}: running_mean and running_var are required ({})", op,
+             metas_str(in));
+  KILN_CHECK(attr_bool(a, "training", op), "{}: only for training (training=true), got {}", op, a.to_string());
+  KILN_CHECK(a.has("momentum"), "{}: attribute 'momentum' is required ({})", op, a.to_string());
+  (void)a.f("momentum");  // a double: an error naming the attribute otherwise
+  std::vector<TensorMeta> out = infer_batch_norm(in, a);
+  const Device device = out[0].device;
+  out.push_back(TensorMeta{in[3].shape, in[3].dtype, device});
+  out.push_back(TensorMeta{in[4].shape, in[4].dtype, device});
+  return out;
+}
+const OpDef& kBatchNormUpdate = define_op({.name = "batch_norm_update", .infer = infer_batch_norm_update});
+
 // (grad_out, input, weight?, save_mean, save_invstd) -> (grad_input, grad_weight, grad_bias)
 std::vector<TensorMeta> infer_batch_norm_backward(std::span<const TensorMeta> in, const Attrs& a) {
   constexpr const char* op = "batch_norm_backward";

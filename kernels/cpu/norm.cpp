@@ -245,7 +245,10 @@ void update_running_stats(const Tensor& running_mean, const Tensor& running_var,
 
 double momentum_of(const Attrs& attrs) { return attrs.has("momentum") ? attrs.f("momentum") : 0.1; }
 
-void batch_norm(Span in, Span out, const Attrs& attrs) {
+// batch_norm, and batch_norm_update when new_mean and new_var are given: the running
+// statistics read from in[3] and in[4] (when defined) and their update written into
+// new_mean and new_var (in place for batch_norm).
+void batch_norm_into(Span in, Span out, const Attrs& attrs, const Tensor& new_mean, const Tensor& new_var) {
   const bool training = attrs.b("training");
   const double momentum = momentum_of(attrs);
   const double eps = attrs.has("eps") ? attrs.f("eps") : 1e-5;
@@ -262,7 +265,7 @@ void batch_norm(Span in, Span out, const Attrs& attrs) {
     std::vector<double> var;
     channel_moments(x, s, mean, var);
     for (int64_t c = 0; c < s.c; ++c) invstd[c] = 1.0 / std::sqrt(var[c] + eps);
-    if (has_running) update_running_stats(in[3], in[4], in[3], in[4], mean, var, count, momentum);
+    if (has_running) update_running_stats(in[3], in[4], new_mean, new_var, mean, var, count, momentum);
   } else {
     mean = read_values(in[3], s.c, 0.0);
     const std::vector<double> var = read_values(in[4], s.c, 1.0);
@@ -309,6 +312,14 @@ void batch_norm(Span in, Span out, const Attrs& attrs) {
   });
   write_values(out[1], mean);
   write_values(out[2], invstd);
+}
+
+void batch_norm(Span in, Span out, const Attrs& attrs) { batch_norm_into(in, out, attrs, in[3], in[4]); }
+
+// (input, weight?, bias?, running_mean, running_var) -> (out, save_mean, save_invstd,
+// new_running_mean, new_running_var): one pass of statistics for both.
+void batch_norm_update(Span in, Span out, const Attrs& attrs) {
+  batch_norm_into(in, out.subspan(0, 3), attrs, out[3], out[4]);
 }
 
 // batch_norm's running-statistics update as a pure op: the batch statistics recomputed
@@ -605,6 +616,7 @@ struct Registrar {
     register_kernel("batch_norm", cpu, batch_norm);
     register_kernel("batch_norm_backward", cpu, batch_norm_backward);
     register_kernel("batch_norm_stats_update", cpu, batch_norm_stats_update);
+    register_kernel("batch_norm_update", cpu, batch_norm_update);
     register_kernel("layer_norm", cpu, layer_norm);
     register_kernel("layer_norm_backward", cpu, layer_norm_backward);
   }

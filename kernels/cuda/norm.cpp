@@ -201,6 +201,17 @@ void batch_norm_stats_update_kernel(Span in, Span out, const Attrs& attrs) {
   Tensor(out[1]).copy_(rv);
 }
 
+// (input, weight?, bias?, running_mean, running_var) -> (out, save_mean, save_invstd,
+// new_running_mean, new_running_var): batch_norm's cuDNN call updating copies of the running
+// statistics, which are the new values.
+void batch_norm_update_kernel(Span in, Span out, const Attrs& attrs) {
+  NoGradGuard no_grad;
+  Tensor(out[3]).copy_(in[3]);
+  Tensor(out[4]).copy_(in[4]);
+  const Tensor args[] = {in[0], in[1], in[2], out[3], out[4]};
+  batch_norm_kernel(args, out.subspan(0, 3), attrs);
+}
+
 // (grad_out, input, weight?, save_mean, save_invstd) -> (grad_input, grad_weight, grad_bias)
 void batch_norm_backward_kernel(Span in, Span out, const Attrs& attrs) {
   constexpr const char* op = "batch_norm_backward";
@@ -243,6 +254,7 @@ struct Registrar {
   Registrar() {
     register_kernel("batch_norm", DeviceType::cuda, batch_norm_kernel);
     register_kernel("batch_norm_stats_update", DeviceType::cuda, batch_norm_stats_update_kernel);
+    register_kernel("batch_norm_update", DeviceType::cuda, batch_norm_update_kernel);
     register_kernel("batch_norm_backward", DeviceType::cuda, batch_norm_backward_kernel);
   }
 } registrar;

@@ -1,6 +1,6 @@
 // Tracing training steps of models with batch norm (compiler/trace.h): batch_norm's in-place
-// update of its running statistics becomes batch_norm without them, a pure
-// batch_norm_stats_update and write-backs, so the step is one pure graph.
+// update of its running statistics becomes the pure batch_norm_update, whose last two
+// outputs are written back, so the step is one pure graph.
 #include <algorithm>
 #include <string>
 
@@ -84,15 +84,19 @@ void check_traced_training(nn::Module& model, nn::Module& copy, Shape input_shap
 
   const int64_t norms = count_batch_norms(model);
   REQUIRE(norms > 0);
-  CHECK(count_ops(g, "batch_norm") == norms);
-  CHECK(count_ops(g, "batch_norm_stats_update") == norms);
-  // The batch_norm nodes hold no running statistics: replaying them writes nothing.
+  CHECK(count_ops(g, "batch_norm_update") == norms);
+  CHECK(count_ops(g, "batch_norm") == 0);
+  CHECK(count_ops(g, "batch_norm_stats_update") == 0);
+  // The batch_norm_update nodes read the running statistics and write nothing: their new
+  // values are outputs 3 and 4.
   for (const compiler::Node& n : g.nodes())
-    if (n.kind == NodeKind::op && n.op == "batch_norm") {
+    if (n.kind == NodeKind::op && n.op == "batch_norm_update") {
       REQUIRE(n.inputs.size() == 5);
-      CHECK_FALSE(n.inputs[3].defined());
-      CHECK_FALSE(n.inputs[4].defined());
+      CHECK(n.inputs[3].defined());
+      CHECK(n.inputs[4].defined());
+      CHECK(n.outputs.size() == 5);
       CHECK(n.attrs.b("training"));
+      CHECK(n.def->mutated_inputs.empty());
     }
   // running_mean, running_var and num_batches_tracked of every batch norm are written back.
   CHECK(static_cast<int64_t>(g.write_backs().size()) == 3 * norms);
@@ -103,7 +107,7 @@ void check_traced_training(nn::Module& model, nn::Module& copy, Shape input_shap
     if (target.name.ends_with("num_batches_tracked"))
       CHECK(op == "add");
     else
-      CHECK(op == "batch_norm_stats_update");
+      CHECK((op == "batch_norm_update" && value.output >= 3));
   }
   // The text form round-trips with the new op.
   CHECK(print(parse(print(g))) == print(g));
@@ -128,6 +132,44 @@ void check_traced_training(nn::Module& model, nn::Module& copy, Shape input_shap
 }
 
 }  // namespace
+
+TEST_CASE("batch_norm_update gives batch_norm's outputs and its in-place update, bit for bit", "[bntrace]") {
+  manual_seed(12);
+  for (DType dtype : {DType::f32, DType::f64, DType::bf16}) {
+    for (const MemoryFormat format : {MemoryFormat::contiguous, MemoryFormat::channels_last}) {
+      const Shape shape{4, 3, 5, 5};
+      INFO(std::string(name(dtype)) << (format == MemoryFormat::channels_last ? " nhwc" : " nchw"));
+      const DType stats = dtype == DType::f64 ? DType::f64 : DType::f32;
+      const Tensor x = (randn(shape) * 1e-3 + 100.0).to(dtype).contiguous(format);
+      const Tensor weight = rand({3}, {.dtype = stats}), bias = randn({3}, {.dtype = stats});
+      const Tensor running_mean = rand({3}, {.dtype = stats}), running_var = rand({3}, {.dtype = stats}) + 0.5;
+      const Tensor mean_before = running_mean.clone(), var_before = running_var.clone();
+      const std::vector<Tensor> out =
+          call_op(find_op("batch_norm_update"), {x, weight, bias, running_mean, running_var},
+                  {{"training", true}, {"momentum", 0.3}, {"eps", 1e-5}});
+      REQUIRE(out.size() == 5);
+      KILN_CHECK_EQUAL(running_mean, mean_before);  // a pure op
+      KILN_CHECK_EQUAL(running_var, var_before);
+      CHECK(out[0].suggest_memory_format() == format);
+
+      const Tensor written_mean = mean_before.clone(), written_var = var_before.clone();
+      const BatchNormResult expected =
+          batch_norm_with_stats(x, weight, bias, written_mean, written_var, true, 0.3, 1e-5);
+      // The same arithmetic on the same values: equal bit for bit (tolerance 0).
+      KILN_CHECK_EQUAL(out[0], expected.output);
+      KILN_CHECK_EQUAL(out[1], expected.save_mean);
+      KILN_CHECK_EQUAL(out[2], expected.save_invstd);
+      KILN_CHECK_EQUAL(out[3], written_mean);
+      KILN_CHECK_EQUAL(out[4], written_var);
+    }
+  }
+  const Tensor x = randn({4, 3, 2});
+  CHECK_THROWS_WITH(call_op(find_op("batch_norm_update"), {x, {}, {}, {}, {}}, {{"training", true}, {"momentum", 0.1}}),
+                    Contains("batch_norm_update") && Contains("required"));
+  CHECK_THROWS_WITH(call_op(find_op("batch_norm_update"), {x, {}, {}, zeros({3}), ones({3})},
+                            {{"training", false}, {"momentum", 0.1}}),
+                    Contains("batch_norm_update") && Contains("training"));
+}
 
 TEST_CASE("batch_norm_stats_update gives what batch_norm writes into its running statistics",
           "[bntrace]") {
@@ -256,7 +298,7 @@ TEST_CASE("trace records a batch norm whose running statistics the function made
   };
   const Trace t = trace(fn, {x});
   CHECK(t.graph.write_backs().empty());
-  CHECK(count_ops(t.graph, "batch_norm_stats_update") == 2);
+  CHECK(count_ops(t.graph, "batch_norm_update") == 2);
   const Tensor x2 = randn({4, 3, 2}, {.dtype = DType::f64});
   const std::vector<Tensor> replayed = t.replay({x2});
   const std::vector<Tensor> expected = fn({x2});

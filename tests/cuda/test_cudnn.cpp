@@ -86,7 +86,7 @@ void check_conv_cases(DType dt, const std::string& layout_name, const std::funct
 TEST_CASE("cuDNN kernels are registered and need a GPU", "[cuda][cudnn]") {
 #ifdef KILN_HAVE_CUDNN
   for (const char* op : {"conv2d", "conv2d_backward_input", "conv2d_backward_weight", "batch_norm",
-                         "batch_norm_backward", "batch_norm_stats_update", "max_pool2d", "max_pool2d_backward",
+                         "batch_norm_backward", "batch_norm_stats_update", "batch_norm_update", "max_pool2d", "max_pool2d_backward",
                          "avg_pool2d", "avg_pool2d_backward", "adaptive_avg_pool2d", "adaptive_avg_pool2d_backward"}) {
     INFO(op);
     CHECK(find_op(op).kernels[static_cast<size_t>(DeviceType::cuda)] != nullptr);
@@ -158,6 +158,13 @@ TEST_CASE("batch_norm on the GPU equals the CPU in training and eval", "[cuda][c
         RunningStats s = batch_norm_stats_update(in[0], in[1], in[2], 0.3);
         return std::vector<Tensor>{s.mean, s.var, in[1], in[2]};  // the arguments stay unchanged
       }, {x, rm, rv}, tol);
+      check_same("batch_norm_update " + what, [](auto& in) {
+        std::vector<Tensor> out = call_op(find_op("batch_norm_update"), {in[0], in[1], in[2], in[3], in[4]},
+                                          {{"training", true}, {"momentum", 0.3}, {"eps", 1e-5}});
+        out.push_back(in[3]);  // the arguments stay unchanged
+        out.push_back(in[4]);
+        return out;
+      }, {x, w, b, rm, rv}, tol);
       const Tensor gy = values_in(shape, -1, 1, dt, 10);
       for (bool training : {true, false}) {
         check_same(fmt::format("backward training={} {}", training, what), [training](auto& in) {

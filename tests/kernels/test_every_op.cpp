@@ -102,6 +102,8 @@ TEST_CASE("the op hook sees every registered op", "[hook][registry]") {
     Tensor rm = zeros({3}), rv = ones({3});
     auto bn = batch_norm_with_stats(x, ones({3}), zeros({3}), rm, rv, true, 0.1, 1e-5);
     batch_norm_stats_update(x, rm, rv, 0.1);
+    call_op(find_op("batch_norm_update"), {x, ones({3}), zeros({3}), rm, rv},
+            {{"training", true}, {"momentum", 0.1}, {"eps", 1e-5}});
     batch_norm_backward(bn.output, x, ones({3}), bn.save_mean, bn.save_invstd, true, 1e-5);
     auto ln = layer_norm_with_stats(x, {4, 4}, {}, {}, 1e-5);
     layer_norm_backward(ln.output, x, {4, 4}, ln.mean, ln.rstd);
