@@ -96,7 +96,7 @@ struct CompileOptions {
   // Names for captured tensors (model.named_parameters(), ...), used in graphs and messages.
   TraceOptions trace{};
   // Where the layout pass runs convolutions channels-last (compiler/passes/passes.h):
-  // automatic (the CPU's convolution regions), keep, or channels_last (every device).
+  // automatic (every device's convolution regions), keep, or channels_last.
   LayoutPolicy layout = LayoutPolicy::automatic;
   // Time every step of the generated programs (see CompiledFunction::profile); also on when
   // the environment sets KILN_PROFILE=1.

@@ -123,10 +123,7 @@ std::string cuda_table(const std::vector<compiler::codegen::Kernel>& kernels, co
 
 // Traces one step of the model (tools/step_graph.h) and keeps each stage's text.
 Stages build_stages(const ModelOptions& o) {
-  // The step is traced on the CPU; the cost model plans it for CUDA, whose automatic
-  // layout choice is NCHW for now (compiler/passes/passes.h, LayoutPolicy).
-  const compiler::LayoutPolicy layout =
-      o.layout ? *o.layout : o.cost ? compiler::LayoutPolicy::keep : compiler::LayoutPolicy::automatic;
+  const compiler::LayoutPolicy layout = o.layout ? *o.layout : compiler::LayoutPolicy::automatic;
   train::StepGraph step = train::trace_step_graph({.arch = o.arch,
                                                    .train = o.train,
                                                    .batch = o.batch,
@@ -246,7 +243,7 @@ int model_stages(const ModelOptions& o) {
     std::cout << fmt::format("cost model: {} {} step, batch {}, {}x{}, on {} ({}), {}, layout {}\n", o.arch,
                              o.train ? "training" : "inference", o.batch, o.image_size, o.image_size, gpu.name,
                              gpu.description, o.amp ? fmt::format("autocast {}", *o.amp) : o.tf32 ? "tf32" : "f32",
-                             compiler::layout_policy_name(o.layout ? *o.layout : compiler::LayoutPolicy::keep))
+                             compiler::layout_policy_name(o.layout ? *o.layout : compiler::LayoutPolicy::automatic))
               << compiler::cost_table(r);
     return 0;
   }
@@ -338,8 +335,8 @@ void usage(std::ostream& os) {
         "  --amp   traces the forward and the loss under kiln::autocast to bf16 or fp16 (backward\n"
         "          outside it, as in PyTorch); the fused and cuda stages count the stand-alone\n"
         "          cast steps (kernels that only convert a dtype)\n"
-        "  --layout  where the layout pass runs convolutions NHWC: auto (the target's choice:\n"
-        "          the CPU's for the stages, CUDA's, NCHW for now, for --cost), keep, channels_last\n"
+        "  --layout  where the layout pass runs convolutions NHWC: auto (NHWC on every device,\n"
+        "          as kiln::compile), keep (NCHW), channels_last\n"
         "  --cost  the GPU cost model of the fused step on CUDA (compiler/cost.h): per step the\n"
         "          bytes read and written, GFLOP, launches and roofline time on --gpu (h200 by\n"
         "          default), totals per kind, and the planned traffic against the minimum\n"

@@ -126,6 +126,7 @@ void validate(const Config& c) {
   KILN_CHECK(!c.nesterov || (c.optimizer == "sgd" && c.momentum > 0),
              "kiln-train: --nesterov needs --optimizer sgd and a positive --momentum (got {}, momentum {})",
              c.optimizer, c.momentum);
+  KILN_CHECK(!c.channels_last || !c.no_channels_last, "kiln-train: give --channels-last or --no-channels-last, not both");
   KILN_CHECK(!c.channels_last || c.arch != "mlp",
              "kiln-train: --channels-last needs a convolutional --arch (the mlp flattens its input)");
   KILN_CHECK(!c.resume || !c.checkpoint_dir.empty(), "kiln-train: --resume needs --checkpoint DIR");
@@ -192,6 +193,8 @@ run:
   --compile [MODE]     run forward, loss and backward compiled (kiln::compile; MODE: default,
                        reduce-overhead (CUDA graphs) or max-autotune (and timed launches))  [default]
   --channels-last      NHWC batches: eager and compiled steps run their convolution region NHWC
+                       [on with --device cuda for convolutional archs, off on the CPU]
+  --no-channels-last   NCHW batches (a compiled step's layout pass still runs its convolutions NHWC)
   --amp off|bf16|fp16|auto
                        mixed precision: autocast runs GEMMs and convolutions in bf16 or f16
                        (weights and their gradients stay f32); auto picks bf16 on the CPU and on
@@ -250,7 +253,7 @@ Config parse_args(int argc, const char* const* argv) {
       {"--clip-grad-norm", [&](auto& o, auto& v) { c.clip_grad_norm = parse_double(o, v); }},
   };
   const std::map<std::string, bool*> flags = {
-      {"--channels-last", &c.channels_last}, {"--resume", &c.resume},
+      {"--channels-last", &c.channels_last}, {"--no-channels-last", &c.no_channels_last}, {"--resume", &c.resume},
       {"--skip-bad-images", &c.skip_bad_images}, {"--nesterov", &c.nesterov},
       {"--zero-init-residual", &c.zero_init_residual}};
 
@@ -286,6 +289,8 @@ Config parse_args(int argc, const char* const* argv) {
     s->second(option, value);
   }
   validate(c);
+  // channels-last is CUDA's default for convolutional archs (cuDNN's tensor-core kernels are NHWC).
+  if (c.device == "cuda" && c.arch != "mlp" && !c.no_channels_last) c.channels_last = true;
   return c;
 }
 

@@ -348,18 +348,25 @@ StepStats run_step(const compiler::TracedFunction& micro_step, optim::Optimizer&
                    const optim::Accumulation& accumulation, const Tensor& input, const Tensor& target,
                    const Precision& precision) {
   StepStats stats;
+  // The step's loss is the mean over the global batch: each micro-batch's mean loss
+  // weighted by its share of the samples (the weight the gradient used). Summed where the
+  // micro-steps run and read once per step, after the update: a micro-step reads nothing
+  // back (on a GPU, a read would wait for the device each time).
+  Tensor loss_sum, correct_sum;
   const auto sizes = optim::balanced_sizes(input.size(0), accumulation.options().micro_batch);
   for (const optim::MicroBatch& micro : accumulation.split(input, target, sizes)) {
     const std::vector<Tensor> out = micro_step({micro.x, micro.y, micro.weight});
     micro.finish();
-    // The step's loss is the mean over the global batch: each micro-batch's mean loss
-    // weighted by its share of the samples (the weight the gradient used).
-    stats.loss += out[0].item<double>() * micro.weight.item<double>();
-    stats.correct += out[1].item<int64_t>();
+    NoGradGuard no_grad;
+    const Tensor weighted = out[0].to(DType::f64) * micro.weight.to(out[0].device());
+    loss_sum = loss_sum.defined() ? loss_sum + weighted : weighted;
+    correct_sum = correct_sum.defined() ? correct_sum + out[1] : out[1];
     stats.samples += micro.size;
   }
   finish_step(optimizer, precision);
   optimizer.zero_grad();
+  stats.loss = loss_sum.item<double>();
+  stats.correct = correct_sum.item<int64_t>();
   return stats;
 }
 

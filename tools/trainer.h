@@ -56,7 +56,11 @@ struct Config {
   std::string amp = "off";          // off | bf16 | fp16 | auto: the dtype autocast runs GEMMs and convolutions in
   std::string loss_scale = "auto";  // auto (dynamic with fp16, none otherwise) | dynamic | none
   double clip_grad_norm = 0;        // clip the gradients' total 2-norm to this before each step (0: off)
+  // NHWC batches and convolution regions (eager and compiled). Off by default on the CPU;
+  // on by default on CUDA for convolutional archs, where cuDNN's tensor-core convolutions
+  // are NHWC (--no-channels-last keeps NCHW). parse_args resolves the default.
   bool channels_last = false;
+  bool no_channels_last = false;  // --no-channels-last
   uint64_t seed = 0;
   std::filesystem::path checkpoint_dir;  // empty: no checkpoints (Ctrl-C still saves one)
   bool resume = false;

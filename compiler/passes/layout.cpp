@@ -70,13 +70,11 @@ std::vector<Rule> make_layout_rules() {
   return rules;
 }
 
-// Whether the graph has a convolution on a device the policy converts.
-bool has_convolution(const Graph& graph, LayoutPolicy policy) {
-  return std::any_of(graph.nodes().begin(), graph.nodes().end(), [&](const Node& n) {
-    if (n.kind != NodeKind::op || n.op != "conv2d") return false;
-    const Device device = n.outputs.at(0).device;
-    return policy == LayoutPolicy::channels_last || (policy == LayoutPolicy::automatic && device.is_cpu());
-  });
+// Whether the graph has a convolution (automatic and channels_last convert it on every
+// device, compiler/passes/passes.h).
+bool has_convolution(const Graph& graph) {
+  return std::any_of(graph.nodes().begin(), graph.nodes().end(),
+                     [&](const Node& n) { return n.kind == NodeKind::op && n.op == "conv2d"; });
 }
 
 }  // namespace
@@ -96,7 +94,7 @@ const char* layout_policy_name(LayoutPolicy policy) {
 }
 
 Graph choose_layout(const Graph& graph, LayoutPolicy policy, RewriteLog* log) {
-  if (policy == LayoutPolicy::keep || !has_convolution(graph, policy)) return graph;
+  if (policy == LayoutPolicy::keep || !has_convolution(graph)) return graph;
   Rewriter rw(graph, layout_rules(), log);
   rw.allow_layout_changes();
   return rw.run();

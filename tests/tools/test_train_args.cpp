@@ -106,6 +106,14 @@ TEST_CASE("train args: values flags and sizes", "[trainer]") {
   CHECK(parse({"--skip-bad-images"}).skip_bad_images);
 }
 
+TEST_CASE("train args: channels-last is CUDA's default for convolutional archs", "[trainer][train_args]") {
+  CHECK_FALSE(parse({}).channels_last);  // the CPU: off unless asked
+  CHECK(parse({"--device", "cuda"}).channels_last);
+  CHECK_FALSE(parse({"--device", "cuda", "--no-channels-last"}).channels_last);
+  CHECK_FALSE(parse({"--device", "cuda", "--arch", "mlp"}).channels_last);  // flattens its input
+  CHECK(parse({"--channels-last"}).channels_last);
+}
+
 TEST_CASE("train args: micro-batch auto", "[trainer]") {
   const train::Config c = parse({"--micro-batch", "auto"});
   CHECK(c.micro_batch_auto);
@@ -203,6 +211,7 @@ TEST_CASE("train args: out-of-range values are errors naming the option", "[trai
       {{"--compile=fastest"}, "--compile fastest"},
       {{"--resume"}, "--resume needs --checkpoint DIR"},
       {{"--arch", "mlp", "--channels-last"}, "--channels-last needs a convolutional --arch"},
+      {{"--channels-last", "--no-channels-last"}, "--channels-last or --no-channels-last, not both"},
   };
   for (const auto& [args, message] : cases) {
     INFO(fmt::format("{}", fmt::join(args, " ")));

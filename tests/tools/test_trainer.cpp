@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -199,6 +200,35 @@ TEST_CASE("trainer: the step loss is the global batch mean however the batch is 
     CHECK(split.step_losses[0] == Approx(whole.step_losses[0]).epsilon(kMlpSums));
     CHECK(kiln::testing::relative_difference(split.model, whole.model) <= kMlpSums);
   }
+}
+
+TEST_CASE("trainer: a step reads its loss and accuracy back once, not once per micro-step", "[trainer]") {
+  // On a GPU each read waits for the device: the micro-steps sum on the device instead, so
+  // a step split in four micro-steps reads the host as often as a step in one (the
+  // optimizer's hyperparameters, then the loss and the count of correct answers).
+  auto reads_of_a_step = [](int64_t micro_batch) {
+    manual_seed(7);
+    models::MLP model({16, 8, 4});
+    optim::SGD sgd(model.parameters(), {.lr = 0.1});
+    const optim::Accumulation accumulation({.batch = 8, .micro_batch = micro_batch});
+    const Tensor x = randn({8, 1, 4, 4}), y = randint(0, 4, {8});
+    int64_t reads = 0, counts = 0;
+    train::StepStats stats;
+    {
+      HostReadHookGuard hook([&](const Tensor& t, const char*, bool) {
+        ++reads;
+        counts += t.dtype() == DType::i64 ? 1 : 0;
+      });
+      stats = train::train_step(model, sgd, accumulation, x, y, 0.0);
+    }
+    CHECK(counts == 1);  // the correct answers, once
+    CHECK(stats.samples == 8);
+    CHECK(stats.correct >= 0);
+    CHECK(stats.correct <= 8);
+    CHECK(std::isfinite(stats.loss));
+    return reads;
+  };
+  CHECK(reads_of_a_step(2) == reads_of_a_step(8));
 }
 
 TEST_CASE("trainer: checkpoints are complete, rotated and atomic", "[trainer]") {
