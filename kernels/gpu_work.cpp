@@ -59,9 +59,10 @@ GpuWork second_operand_product(Metas in, Metas out, const Attrs&, bool tf32) { r
 
 // cuDNN's batch norm reads x once for the statistics and once to normalize. 16-bit x is
 // converted to an f32 copy first (which cuDNN reads twice) and y back from f32 (the cuDNN API
-// kiln uses computes in f32). `update`: the running statistics are updated on copies (two
-// small copies); `rerun`: batch_norm_stats_update, which reruns the forward and throws y away.
-GpuWork batch_norm_forward(const TensorMeta& x, bool writes_y, bool update, bool rerun) {
+// kiln uses computes in f32). The running statistics are updated on copies: two
+// cudaMemcpyAsync, which launch no kernel, for batch_norm_update; for `rerun`
+// (batch_norm_stats_update, which reruns the forward and throws y away) two copy kernels.
+GpuWork batch_norm_forward(const TensorMeta& x, bool writes_y, bool rerun) {
   GpuWork work;
   const int64_t elements = numel_of(x.shape), f32 = elements * 4;
   work.flops = 8.0 * static_cast<double>(elements);
@@ -77,13 +78,13 @@ GpuWork batch_norm_forward(const TensorMeta& x, bool writes_y, bool update, bool
     work.extra_written += is_reduced_float(x.dtype) ? f32 : bytes_of(x);
     work.note += work.note.empty() ? "reruns the forward" : "; reruns the forward";
   }
-  if (update) work.launches += 2;
+  if (rerun) work.launches += 2;
   return work;
 }
-GpuWork batch_norm_work(Metas in, Metas, const Attrs&, bool) { return batch_norm_forward(in[0], true, false, false); }
-GpuWork batch_norm_update_work(Metas in, Metas, const Attrs&, bool) { return batch_norm_forward(in[0], true, true, false); }
+GpuWork batch_norm_work(Metas in, Metas, const Attrs&, bool) { return batch_norm_forward(in[0], true, false); }
+GpuWork batch_norm_update_work(Metas in, Metas, const Attrs&, bool) { return batch_norm_forward(in[0], true, false); }
 GpuWork batch_norm_stats_update_work(Metas in, Metas, const Attrs&, bool) {
-  return batch_norm_forward(in[0], false, true, true);
+  return batch_norm_forward(in[0], false, true);
 }
 
 // (dy, x, ...): two passes over x and dy, the reductions then dx; 16-bit x and dy are

@@ -119,31 +119,44 @@ template <class Term>
     for (int64_t c = 0; c < channels; ++c) acc[c] += term(r, c);
 }
 
-// channel_moments of a channels_last x, seen as [rows, C].
+// channel_moments of a channels_last x, seen as [rows, C], in one pass over x: per channel
+// the sums of d = x - k and of d^2, k being the channel's first value, in f64. Then mean =
+// k + S1 / n and var = S2 / n - (S1 / n)^2: shifted by a value of the channel, the two terms
+// are of the variance's own size unless k lies far out in the distribution, so the
+// difference keeps f64's digits (a second pass over the deviations, as NCHW does while its
+// channel is in cache, would read all of x again from memory here).
 void channel_moments_nhwc(const Tensor& x, const ChannelLayout& s, std::vector<double>& mean,
                           std::vector<double>& var) {
   const int64_t count = s.rows(), channels = s.c;
   visit_floating(x.dtype(), "batch_norm", [&]<class T>() {
     const T* __restrict xs = x.data_ptr<T>();
-    mean = row_block_sums(count, channels, 1, [xs, channels](int64_t r0, int64_t r1, double* acc) {
-      with_wide<T>([&]() __attribute__((always_inline)) {
-        add_rows(r0, r1, channels, acc, [xs, channels](int64_t r, int64_t c) __attribute__((always_inline)) {
-          return to_double(xs[r * channels + c]);
-        });
-      });
-    });
-    for (double& m : mean) m /= static_cast<double>(count);
-    const double* __restrict m = mean.data();
-    var =
-        row_block_sums(count, channels, 1, [xs, m, channels](int64_t r0, int64_t r1, double* acc) {
+    std::vector<double> shift(static_cast<size_t>(channels), 0.0);
+    if (count > 0)
+      for (int64_t c = 0; c < channels; ++c) shift[static_cast<size_t>(c)] = to_double(xs[c]);
+    const double* __restrict k = shift.data();
+    const std::vector<double> sums =
+        row_block_sums(count, channels, 2, [xs, k, channels](int64_t r0, int64_t r1, double* acc) {
           with_wide<T>([&]() __attribute__((always_inline)) {
-            add_rows(r0, r1, channels, acc, [xs, m, channels](int64_t r, int64_t c) __attribute__((always_inline)) {
-              const double d = to_double(xs[r * channels + c]) - m[c];
-              return d * d;
-            });
+            double* __restrict s1 = acc;
+            double* __restrict s2 = acc + channels;
+            for (int64_t r = r0; r < r1; ++r) {
+              const T* __restrict row = xs + r * channels;
+              for (int64_t c = 0; c < channels; ++c) {
+                const double d = to_double(row[c]) - k[c];
+                s1[c] += d;
+                s2[c] += d * d;
+              }
+            }
           });
         });
-    for (double& v : var) v /= static_cast<double>(count);
+    mean.assign(static_cast<size_t>(channels), 0.0);
+    var.assign(static_cast<size_t>(channels), 0.0);
+    const double n = static_cast<double>(count);
+    for (int64_t c = 0; c < channels; ++c) {
+      const double m1 = sums[static_cast<size_t>(c)] / n;
+      mean[static_cast<size_t>(c)] = k[c] + m1;
+      var[static_cast<size_t>(c)] = std::max(0.0, sums[static_cast<size_t>(channels + c)] / n - m1 * m1);
+    }
   });
 }
 

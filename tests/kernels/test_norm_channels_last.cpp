@@ -47,6 +47,24 @@ TEST_CASE("batch_norm training on a channels_last input equals the contiguous on
   CHECK_SAME_VALUES(pl.running_var, pc.running_var, dtype);
 }
 
+TEST_CASE("batch_norm's one-pass NHWC statistics keep a tiny variance under a large mean", "[norm]") {
+  // The NHWC statistics sum x - k and its square in one pass, k a value of the channel; the
+  // NCHW ones take a second pass over the deviations. Mean 1000, standard deviation 1e-3:
+  // an unshifted one-pass variance (E[x^2] - mean^2 in f64) would lose 12 of f64's 16
+  // digits; shifted, the two agree to f64 roundoff on f64 data, and to the f32 result's
+  // rounding on f32 data.
+  const DType dtype = GENERATE(DType::f32, DType::f64);
+  const Shape shape{8, 5, 16, 16};
+  INFO(name(dtype));
+  const Tensor x = (random_of(shape, DType::f64, 3) * 1e-3 + 1000.0).to(dtype);
+  const BatchNormResult expected = batch_norm_with_stats(x, {}, {}, {}, {}, true, 0.1, 0.0);
+  const BatchNormResult actual = batch_norm_with_stats(nhwc(x), {}, {}, {}, {}, true, 0.1, 0.0);
+  CHECK_SAME_VALUES(actual.save_mean, expected.save_mean, dtype);
+  CHECK_SAME_VALUES(actual.save_invstd, expected.save_invstd, dtype);
+  // (Not the outputs: x * invstd + shift with x at 1000 and invstd at 1000 cancels to 1e-10
+  // relative in f64 in either layout; that is the data's conditioning, not the statistics'.)
+}
+
 TEST_CASE("batch_norm eval on a channels_last input equals the contiguous one", "[norm]") {
   const DType dtype = GENERATE(DType::f32, DType::f64);
   const Shape shape = GENERATE_COPY(from_range(kShapes));
