@@ -36,6 +36,7 @@
 #include "data/image.h"
 #include "data/loader.h"
 #include "data/transforms.h"
+#include "dist/data_parallel.h"
 #include "dist/launch_env.h"
 #include "dist/process_group.h"
 #include "dist/tcp_store.h"
