@@ -32,6 +32,7 @@
 #include "models/safetensors.h"
 #include "models/small_models.h"
 #include "data/dataset.h"
+#include "data/distributed_sampler.h"
 #include "data/datasets.h"
 #include "data/image.h"
 #include "data/loader.h"
