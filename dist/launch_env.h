@@ -14,9 +14,9 @@ struct LaunchEnv {
   int rank = 0;
   int world_size = 1;
   int local_rank = 0;
-  std::string master_addr;  // the host of rank 0's store
+  std::string master_addr = {};  // the host of rank 0's store
   int master_port = 0;
-  std::string source;  // which launcher's variables were read: "torchrun", "mpirun", "slurm"
+  std::string source = {};  // which launcher's variables were read: "torchrun", "mpirun", "slurm"
 };
 
 // Reads the launch environment through `getenv` (std::getenv by default; tests pass their

@@ -74,13 +74,18 @@ Resolved resolve(const ProcessGroupOptions& options) {
   if (options.rank >= 0 && options.world_size > 0) {
     r.rank = options.rank;
     r.size = options.world_size;
-  } else {
-    KILN_CHECK(env.has_value(),
-               "init_process_group: no launcher set this process's rank and world size (RANK and WORLD_SIZE, "
-               "OMPI_COMM_WORLD_RANK and OMPI_COMM_WORLD_SIZE, or SLURM_PROCID and SLURM_NTASKS); run it under "
-               "kiln-run, torchrun, mpirun or srun, or set .rank and .world_size");
+  } else if (env.has_value()) {
     r.rank = options.rank >= 0 ? options.rank : env->rank;
     r.size = options.world_size > 0 ? options.world_size : env->world_size;
+  } else {
+    // No launcher: the program runs alone, a job of one rank (so the same program runs
+    // with and without kiln-run, mpirun or srun).
+    KILN_CHECK(options.rank <= 0 && options.world_size <= 1,
+               "init_process_group: world_size {} asked for without .rank, and no launcher set this process's "
+               "rank (RANK and WORLD_SIZE, OMPI_COMM_WORLD_*, SLURM_*): give both, or run under kiln-run",
+               options.world_size);
+    r.rank = 0;
+    r.size = 1;
   }
   KILN_CHECK(r.rank >= 0 && r.rank < r.size, "init_process_group: rank {} is not in [0, world_size {})", r.rank,
              r.size);

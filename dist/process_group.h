@@ -54,7 +54,7 @@ struct ProcessGroupOptions {
   // -1 / empty: from the launch environment (launch_env.h).
   int rank = -1;
   int world_size = -1;
-  std::string master_addr;
+  std::string master_addr = {};
   int master_port = -1;
 };
 
@@ -111,7 +111,8 @@ class ProcessGroup {
 };
 
 // Makes the default group (the launch environment fills what options leave out) and
-// returns it. A second call without destroy_process_group is an error.
+// returns it; a process no launcher started is a job of one rank. A second call without
+// destroy_process_group is an error.
 ProcessGroup& init_process_group(const ProcessGroupOptions& options = {});
 bool is_initialized();
 // The default group; an error when there is none.

@@ -6,6 +6,7 @@
 #include <csignal>
 #include <thread>
 
+#include "dist/launch_env.h"
 #include "dist/process_group.h"
 #include "rank_testing.h"
 #include "testing.h"
@@ -238,6 +239,19 @@ TEST_CASE("a group of one rank needs no launcher", "[dist]") {
   group.all_gather(out, t).wait();
   CHECK(testing::values(out) == std::vector<double>{1, 2, 3});
   group.barrier().wait();
+}
+
+TEST_CASE("a process no launcher started is a job of one rank", "[dist]") {
+  if (dist::read_launch_env().has_value()) {
+    WARN("skipped: this test runs under a launcher");
+    return;
+  }
+  dist::init_process_group({.backend = "gloo", .timeout = std::chrono::seconds(10)});
+  CHECK((dist::get_rank() == 0 && dist::get_world_size() == 1));
+  REQUIRE_THROWS_WITH(dist::init_process_group(), Catch::Contains("already initialized (rank 0 of 1)"));
+  dist::destroy_process_group();
+  CHECK_FALSE(dist::is_initialized());
+  REQUIRE_THROWS_WITH(dist::init_process_group({.world_size = 2}), Catch::Contains("world_size 2 asked for without .rank"));
 }
 
 TEST_CASE("init_process_group names a backend it does not have", "[dist]") {
