@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <chrono>
+
 #include "core/error.h"
 #include "core/grad_mode.h"
 #include "core/ops/factory.h"
@@ -48,34 +50,66 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& module, DataParalle
     for (auto& [target, buffer] : copies) target.detach().copy_(buffer);
   }
 
-  // Buckets over the parameters in reverse order of registration, one dtype each.
-  const double cap_bytes = options.bucket_cap_mb * 1024 * 1024;
+  // Slots in reverse order of registration (roughly the order backward makes gradients);
+  // frozen parameters take no part.
+  for (size_t k = named.size(); k-- > 0;) {
+    if (!named[k].second.requires_grad()) continue;
+    Slot slot;
+    slot.param = named[k].second;
+    slot.name = named[k].first;
+    slots_.push_back(std::move(slot));
+  }
+  cap_bytes_ = options.bucket_cap_mb * 1024 * 1024;
+  std::vector<size_t> order(slots_.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  assign_buckets(order);
+  for (size_t i = 0; i < slots_.size(); ++i)
+    slots_[i].hook = slots_[i].param.register_post_accumulate_grad_hook([this, i](const Tensor&) { on_gradient(i); });
+}
+
+void DistributedDataParallel::assign_buckets(const std::vector<size_t>& order) {
+  buckets_.clear();
   std::vector<int64_t> bucket_elements;
   double bucket_bytes = 0;
-  for (size_t k = named.size(); k-- > 0;) {
-    const Tensor& p = named[k].second;
-    const double bytes = static_cast<double>(p.numel()) * static_cast<double>(p.itemsize());
-    const bool fits = !buckets_.empty() && bucket_bytes + bytes <= cap_bytes &&
-                      slots_[buckets_.back().slots.front()].param.dtype() == p.dtype();
+  for (size_t i : order) {
+    Slot& slot = slots_[i];
+    const double bytes = static_cast<double>(slot.param.numel()) * static_cast<double>(slot.param.itemsize());
+    const bool fits = !buckets_.empty() && bucket_bytes + bytes <= cap_bytes_ &&
+                      slots_[buckets_.back().slots.front()].param.dtype() == slot.param.dtype();
     if (!fits) {
       buckets_.emplace_back();
       bucket_elements.push_back(0);
       bucket_bytes = 0;
     }
-    Slot slot;
-    slot.param = p;
-    slot.name = named[k].first;
     slot.bucket = buckets_.size() - 1;
     slot.offset = bucket_elements.back();
-    bucket_elements.back() += p.numel();
+    bucket_elements.back() += slot.param.numel();
     bucket_bytes += bytes;
-    buckets_.back().slots.push_back(slots_.size());
-    slots_.push_back(std::move(slot));
+    buckets_.back().slots.push_back(i);
   }
   for (size_t b = 0; b < buckets_.size(); ++b)
     buckets_[b].flat = zeros({bucket_elements[b]}, {.dtype = slots_[buckets_[b].slots.front()].param.dtype()});
-  for (size_t i = 0; i < slots_.size(); ++i)
-    slots_[i].hook = slots_[i].param.register_post_accumulate_grad_hook([this, i](const Tensor&) { on_gradient(i); });
+}
+
+// After the first synchronized step: buckets in the order the gradients really became
+// ready (rank 0's, broadcast, so that every rank starts its buckets in the same order).
+void DistributedDataParallel::rebuild_buckets() {
+  rebuilt_ = true;
+  std::vector<int64_t> order;
+  std::vector<bool> seen(slots_.size(), false);
+  for (size_t i : ready_order_) {
+    order.push_back(static_cast<int64_t>(i));
+    seen[i] = true;
+  }
+  for (const Bucket& b : buckets_)
+    for (size_t i : b.slots)
+      if (!seen[i]) order.push_back(static_cast<int64_t>(i));
+  ready_order_.clear();
+  Tensor shared = from_vector<int64_t>(order, {static_cast<int64_t>(order.size())});
+  group_.broadcast(shared, 0).wait();
+  const int64_t* p = shared.data_ptr<int64_t>();
+  std::vector<size_t> agreed(p, p + order.size());
+  assign_buckets(agreed);
 }
 
 DistributedDataParallel::~DistributedDataParallel() {
@@ -111,6 +145,7 @@ void DistributedDataParallel::on_gradient(size_t i) {
              "passes before the last one under no_sync()",
              slot.name);
   copy_in(i);
+  if (!rebuilt_) ready_order_.push_back(i);
   start_ready_buckets();
   if (next_bucket_ == buckets_.size()) {
     complete_round();
@@ -143,15 +178,19 @@ void DistributedDataParallel::complete_round() {
     if (!slots_[i].ready) copy_in(i);
   start_ready_buckets();
   std::string error;
+  const auto waiting = std::chrono::steady_clock::now();
   for (Bucket& bucket : buckets_) {
     try {
       bucket.work.wait();
     } catch (const Error& e) {
       if (error.empty()) error = e.what();
     }
+    stats_.all_reduce_s += bucket.work.seconds();
     bucket.started = false;
     bucket.ready = 0;
   }
+  stats_.exposed_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - waiting).count();
+  ++stats_.steps;
   for (Slot& slot : slots_) slot.ready = false;
   next_bucket_ = 0;
   round_open_ = false;
@@ -163,6 +202,7 @@ void DistributedDataParallel::complete_round() {
     if (grad.defined()) grad.detach().copy_(average);
     else slot.param.set_grad(average.clone());
   }
+  if (!rebuilt_) rebuild_buckets();
 }
 
 void DistributedDataParallel::finish_sync() {

@@ -21,7 +21,8 @@
 //
 // Buckets: the parameters, in reverse order of registration (roughly the order backward
 // produces their gradients), are packed into flat buckets of at most bucket_cap_mb MiB
-// (one dtype each). A post-accumulate hook on every parameter copies its gradient into its
+// (one dtype each); after the first synchronized step they are packed again in the order
+// the gradients really came (rank 0's, broadcast once). A post-accumulate hook on every parameter copies its gradient into its
 // bucket; the moment a bucket's last gradient is in, its all-reduce (avg) starts on the
 // group's worker thread while backward goes on. Buckets start in index order on every rank.
 // When the last bucket has started the hook waits for all of them and writes the averages
@@ -35,8 +36,8 @@
 // plus two copies of the gradients per step). attach() makes Accumulation's last
 // micro-step call it.
 //
-// Not (yet): gradients as views into the buckets, rebuilding buckets from the order seen
-// in the first step, CUDA tensors (the NCCL backend), SyncBatchNorm.
+// Not (yet): gradients as views into the buckets, CUDA tensors (the NCCL backend),
+// SyncBatchNorm. Frozen parameters (requires_grad false) take no part.
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -49,6 +50,13 @@
 #include "optim/accumulation.h"
 
 namespace kiln::dist {
+
+// Where a step's gradient sync went, summed over the steps since the last reset.
+struct SyncStats {
+  int64_t steps = 0;         // synchronized steps
+  double all_reduce_s = 0;   // the buckets' all-reduces, as long as each ran on the group's worker
+  double exposed_s = 0;      // time the training thread waited for them: what did not overlap
+};
 
 struct DataParallelOptions {
   double bucket_cap_mb = 25;      // a bucket's gradients take at most this many MiB (one parameter may exceed it)
@@ -93,7 +101,11 @@ class DistributedDataParallel {
   void attach(optim::Accumulation& acc);
 
   int64_t bucket_count() const { return static_cast<int64_t>(buckets_.size()); }
-  // The parameter names of each bucket, in bucket order.
+  // The sync's time since construction or the last reset_sync_stats().
+  SyncStats sync_stats() const { return stats_; }
+  void reset_sync_stats() { stats_ = {}; }
+  // The parameter names of each bucket, in bucket order (the order gradients came in the
+  // first synchronized step, once it ran).
   std::vector<std::vector<std::string>> bucket_names() const;
   // The sum of every rank's local_samples (an all-reduce): a global batch's N.
   int64_t global_samples(int64_t local_samples);
@@ -115,6 +127,8 @@ class DistributedDataParallel {
     bool started = false;
   };
 
+  void assign_buckets(const std::vector<size_t>& order);
+  void rebuild_buckets();
   void on_gradient(size_t slot);
   void copy_in(size_t slot);
   void start_ready_buckets();
@@ -124,10 +138,14 @@ class DistributedDataParallel {
   ProcessGroup& group_;
   std::vector<Slot> slots_;
   std::vector<Bucket> buckets_;
+  double cap_bytes_ = 0;
+  std::vector<size_t> ready_order_;  // the slots in the order the first step's hooks saw them
+  bool rebuilt_ = false;             // the buckets follow that order (after the first sync)
   size_t next_bucket_ = 0;      // buckets start in order: the next to start
   bool round_open_ = false;     // a hook saw a gradient since the last sync
   bool hooks_synced_ = false;   // the hooks completed a round that finish_sync has not seen
   bool sync_enabled_ = true;
+  SyncStats stats_;
   std::recursive_mutex mutex_;
 };
 

@@ -25,6 +25,7 @@ struct Work::State {
   std::condition_variable done_cv;
   bool done = false;
   std::string error;  // empty: succeeded
+  double seconds = 0;  // how long it ran on the worker
 };
 
 void Work::wait() const {
@@ -32,6 +33,12 @@ void Work::wait() const {
   std::unique_lock lock(state_->mutex);
   state_->done_cv.wait(lock, [this] { return state_->done; });
   if (!state_->error.empty()) throw Error(state_->error);
+}
+
+double Work::seconds() const {
+  if (state_ == nullptr) return 0;
+  std::lock_guard lock(state_->mutex);
+  return state_->seconds;
 }
 
 bool Work::is_completed() const {
@@ -276,6 +283,7 @@ ProcessGroup::ProcessGroup(const ProcessGroupOptions& options) : timeout_(option
         broken = q.broken;
       }
       std::string error;
+      const auto started = std::chrono::steady_clock::now();
       if (!broken.empty()) {
         error = fmt::format("{} on rank {} of {}: the process group is broken since an earlier collective "
                             "failed: {}",
@@ -302,6 +310,7 @@ ProcessGroup::ProcessGroup(const ProcessGroupOptions& options) : timeout_(option
         std::lock_guard lock(task.state->mutex);
         task.state->done = true;
         task.state->error = error;
+        task.state->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
       }
       task.state->done_cv.notify_all();
     }

@@ -43,6 +43,8 @@ class Work {
   // Blocks until the collective finished; throws kiln::Error when it failed.
   void wait() const;
   bool is_completed() const;
+  // Seconds the collective ran on the group's worker (0 until it completed).
+  double seconds() const;
 
  private:
   std::shared_ptr<State> state_;

@@ -599,7 +599,8 @@ int main(int argc, char** argv) {
     if (argc >= 2 && std::strcmp(argv[1], "train") == 0) return bench_train(parse_train_options(argc, argv));
     if (argc >= 2 && std::strcmp(argv[1], "mlp-block") == 0) return bench_mlp_block(parse_mlp_block_options(argc, argv));
     if (argc >= 2 && std::strcmp(argv[1], "convs") == 0) return bench_convs(argc, argv);
-    std::cerr << "usage: kiln-bench ops | train [options] | mlp-block [options] | convs [options]\n"
+    if (argc >= 2 && std::strcmp(argv[1], "ddp") == 0) return bench_ddp(argc, argv);
+    std::cerr << "usage: kiln-bench ops | train [options] | mlp-block [options] | convs [options] | ddp [options]\n"
                  "  ops    GFLOP/s of a 1024^3 f32 matmul, GB/s of a 64M-element add against\n"
                  "         memcpy, ms of ResNet-50-sized conv2d ops; bf16 products and convolutions\n"
                  "         with their speedup over f32; one JSON line each. --device cuda:\n"
@@ -625,7 +626,12 @@ int main(int argc, char** argv) {
                  "  convs  every distinct conv2d of a model's forward (traced), with its uses per forward:\n"
                  "         median ms and GFLOP/s of forward, backward-input and backward-weight, one JSON line\n"
                  "         each: --model ARCH:BATCH:IMAGE_SIZE (repeatable; default resnet18:64:32,\n"
-                 "         resnet50:8:64, resnet50:32:32) --reps 5 [--channels-last] [--list: shapes only]\n";
+                 "         resnet50:8:64, resnet50:32:32) --reps 5 [--channels-last] [--list: shapes only]\n"
+                 "  ddp    one process with N threads against N ranks with one thread each (Gloo, loopback),\n"
+                 "         training on the same synthetic global batch: median step, img/s and, for the ranks,\n"
+                 "         the all-reduce ms per step and the share of it that overlapped backward; one JSON\n"
+                 "         line each: --ranks 2 --arch resnet18 --batch 64 --image-size 32 --classes 10\n"
+                 "         --steps 5 --warmup 2\n";
     return 2;
   });
 }

@@ -11,6 +11,7 @@
 // batch) misses them by orders of magnitude (3.6e-2).
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <sstream>
 
 #include "dist/data_parallel.h"
@@ -138,6 +139,37 @@ TEST_CASE("rank: data parallel steps", "[.rank]") {
   dist::destroy_process_group();
 }
 
+// The GradScaler needs nothing of its own under data parallelism: it unscales gradients
+// that are already averaged over the ranks, and an infinity or NaN on one rank makes the
+// average non-finite on every rank, so all of them skip the step and back off together.
+TEST_CASE("rank: an overflow on one rank skips the step on all", "[.rank]") {
+  dist::init_process_group({.backend = "gloo", .timeout = std::chrono::seconds(30)});
+  const int rank = dist::get_rank();
+  manual_seed(0);
+  models::MLP model({6, 8, 3});
+  dist::DistributedDataParallel ddp(model);
+  optim::SGD opt(model.parameters(), {.lr = 0.1});
+  optim::GradScaler scaler;
+  const std::vector<double> before = testing::values(model.parameters()[0]);
+  Tensor x = randn({4, 6});
+  if (rank == 1) x = x * std::numeric_limits<float>::infinity();  // only this rank overflows
+  scaler.scale(mse_loss(model(x), zeros({4, 3}))).backward();
+  scaler.step(opt);
+  scaler.update();
+  CHECK(testing::values(model.parameters()[0]) == before);  // skipped everywhere
+  CHECK(scaler.get_scale() == 32768.0);                      // 2^16 backed off by half
+  // The next, clean step goes through on every rank.
+  opt.zero_grad();
+  scaler.scale(mse_loss(model(randn({4, 6})), zeros({4, 3}))).backward();
+  scaler.step(opt);
+  CHECK(testing::values(model.parameters()[0]) != before);
+  dist::destroy_process_group();
+}
+
+TEST_CASE("an overflow on one rank makes every rank's GradScaler skip the step", "[dist]") {
+  testing::require_ranks_pass({.test_case = "rank: an overflow on one rank skips the step on all", .world_size = 2});
+}
+
 TEST_CASE("data parallel on 2 and 3 ranks equals one process with the whole batch", "[dist]") {
   // MLP and CNN (no batch norm), f64 and f32, one backward per step (the hooks sync) and
   // micro-batches of 2 (attached to the accumulation), one bucket and one per parameter.
@@ -167,4 +199,37 @@ TEST_CASE("DistributedDataParallel buckets parameters in reverse order under the
         std::vector<std::vector<std::string>>{{"2.bias", "2.weight"}, {"0.bias"}, {"0.weight"}});
   REQUIRE_THROWS_WITH(dist::DistributedDataParallel(model, {.bucket_cap_mb = 0, .group = &group}),
                       Catch::Contains("bucket_cap_mb must be positive"));
+}
+
+namespace {
+// Registered a then b, used b then a: backward makes a's gradients first.
+struct Swapped : nn::Module {
+  nn::Linear a = add("a", nn::Linear(4, 4));
+  nn::Linear b = add("b", nn::Linear(4, 4));
+  nn::Linear frozen = add("frozen", nn::Linear(4, 4));
+  Tensor forward(const Tensor& x) override { return a(b(x)); }
+};
+}  // namespace
+
+TEST_CASE("DistributedDataParallel rebuilds its buckets in the order gradients came", "[dist]") {
+  dist::ProcessGroup group({.backend = "gloo", .timeout = std::chrono::seconds(10), .rank = 0, .world_size = 1});
+  Swapped model;
+  for (Tensor p : model.frozen.parameters()) p.requires_grad_(false);
+  // 70 bytes: a weight (64 bytes) and a bias (16) do not fit together.
+  dist::DistributedDataParallel ddp(model, {.bucket_cap_mb = 70.0 / (1 << 20), .group = &group});
+  using Names = std::vector<std::vector<std::string>>;
+  CHECK(ddp.bucket_names() == Names{{"b.bias"}, {"b.weight"}, {"a.bias"}, {"a.weight"}});
+  Tensor x = randn({3, 4});
+  sum(model(x)).backward();
+  const Names after = ddp.bucket_names();
+  REQUIRE(after.size() == 4);
+  CHECK((after[0][0].starts_with("a.") && after[1][0].starts_with("a.")));
+  CHECK((after[2][0].starts_with("b.") && after[3][0].starts_with("b.")));
+  // Synced gradients stay the plain ones (one rank: the average is the gradient itself).
+  const Tensor g = model.a.parameters()[0].grad().clone();
+  model.zero_grad();
+  sum(model(x)).backward();
+  CHECK(testing::values(model.a.parameters()[0].grad()) == testing::values(g));
+  CHECK(group.counts().all_reduce == 8);  // 4 buckets, 2 steps
+  CHECK(group.counts().broadcast == 6 + 1);  // 6 tensors at construction, the agreed order once
 }
