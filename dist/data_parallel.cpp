@@ -142,7 +142,8 @@ void DistributedDataParallel::on_gradient(size_t i) {
   Slot& slot = slots_[i];
   KILN_CHECK(!slot.ready,
              "DistributedDataParallel: parameter {} got a second gradient in one synchronized step; run the backward "
-             "passes before the last one under no_sync()",
+             "passes before the last one under no_sync(), and when some parameters get no gradient in a step "
+             "(unused layers) call finish_sync() after backward (attach() does it on the last micro-step)",
              slot.name);
   copy_in(i);
   if (!rebuilt_) ready_order_.push_back(i);

@@ -10,9 +10,11 @@
 // hold with a wide margin here, and a wrong weighting (local shares in the short last
 // batch) misses them by orders of magnitude (3.6e-2).
 #include <cmath>
+#include <csignal>
 #include <cstdlib>
 #include <limits>
 #include <sstream>
+#include <thread>
 
 #include "dist/data_parallel.h"
 #include "rank_testing.h"
@@ -166,6 +168,38 @@ TEST_CASE("rank: an overflow on one rank skips the step on all", "[.rank]") {
   dist::destroy_process_group();
 }
 
+// A rank killed between two steps: the others' next backward (whose hooks all-reduce the
+// buckets) throws an error naming the collective and the rank, within the timeout.
+TEST_CASE("rank: a rank is killed between data-parallel steps", "[.rank]") {
+  dist::init_process_group({.backend = "gloo", .timeout = std::chrono::seconds(10)});
+  const int rank = dist::get_rank(), world = dist::get_world_size();
+  manual_seed(0);
+  models::MLP model({6, 8, 3});
+  dist::DistributedDataParallel ddp(model);
+  Tensor x = randn({4, 6});
+  mse_loss(model(x), zeros({4, 3})).backward();
+  if (rank == world - 1) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));  // let the others read the last bytes
+    std::raise(SIGKILL);
+  }
+  const auto start = std::chrono::steady_clock::now();
+  model.zero_grad();
+  REQUIRE_THROWS_WITH(mse_loss(model(x), zeros({4, 3})).backward(),
+                      Catch::Contains("DistributedDataParallel: syncing the gradients failed: all_reduce(") &&
+                          Catch::Contains("on rank " + std::to_string(rank) + " of " + std::to_string(world)));
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(10));
+}
+
+TEST_CASE("a rank killed between data-parallel steps makes the others' backward fail", "[dist]") {
+  const std::vector<testing::RankExit> exits =
+      testing::run_ranks({.test_case = "rank: a rank is killed between data-parallel steps", .world_size = 3, .limit_s = 30});
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r << " said:\n" << exits[static_cast<size_t>(r)].output);
+    CHECK(exits[static_cast<size_t>(r)].status == 0);
+  }
+  CHECK(exits[2].signal == SIGKILL);
+}
+
 TEST_CASE("an overflow on one rank makes every rank's GradScaler skip the step", "[dist]") {
   testing::require_ranks_pass({.test_case = "rank: an overflow on one rank skips the step on all", .world_size = 2});
 }
@@ -232,4 +266,18 @@ TEST_CASE("DistributedDataParallel rebuilds its buckets in the order gradients c
   CHECK(testing::values(model.a.parameters()[0].grad()) == testing::values(g));
   CHECK(group.counts().all_reduce == 8);  // 4 buckets, 2 steps
   CHECK(group.counts().broadcast == 6 + 1);  // 6 tensors at construction, the agreed order once
+}
+
+TEST_CASE("DistributedDataParallel syncs unused parameters in finish_sync, and says when it was not called", "[dist]") {
+  dist::ProcessGroup group({.backend = "gloo", .timeout = std::chrono::seconds(10), .rank = 0, .world_size = 1});
+  Swapped model;  // `frozen` takes part here, but forward never uses it
+  dist::DistributedDataParallel ddp(model, {.group = &group});
+  Tensor x = randn({3, 4});
+  sum(model(x)).backward();
+  CHECK(group.counts().all_reduce == 0);  // the one bucket waits for frozen's gradients
+  ddp.finish_sync();
+  CHECK(group.counts().all_reduce == 1);
+  CHECK(testing::values(model.frozen.parameters()[0].grad()) == std::vector<double>(16, 0.0));  // zeros: no gradient anywhere
+  sum(model(x)).backward();  // without finish_sync, a second backward would mark a.weight twice
+  REQUIRE_THROWS_WITH(sum(model(x)).backward(), Catch::Contains("got a second gradient") && Catch::Contains("finish_sync"));
 }
