@@ -1,11 +1,11 @@
 # The layer rule of DESIGN.md, checked on every build: a file of a layer includes only
 # headers of its own layer and of the layers below it. Layers from the bottom up:
-#   core, kernels, autograd, compiler, optim, models, data, tools
+#   core, kernels, autograd, compiler, optim, models, data, dist, tools
 # cmake -DROOT=<source tree> [-DSTAMP=<file>] [-DEXPECT_VIOLATION=ON] -P check_layers.cmake
 # fails naming each wrong include (with EXPECT_VIOLATION, it fails when it finds none: the
 # test that the check catches one, tests/layers/).
 get_filename_component(ROOT "${ROOT}" ABSOLUTE)
-set(layers core kernels autograd compiler optim models data tools)
+set(layers core kernels autograd compiler optim models data dist tools)
 set(violations "")
 list(LENGTH layers count)
 math(EXPR last "${count} - 1")

@@ -274,6 +274,7 @@ void compute_pending(StorageImpl& storage) {
 }
 
 OpHookGuard::OpHookGuard(OpHook hook) : ScopedHook(t_hook, std::move(hook)) {}
+bool op_hook_installed() { return static_cast<bool>(t_hook); }
 
 // ---- dispatch ----
 

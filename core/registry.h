@@ -228,6 +228,10 @@ class OpHookGuard : ScopedHook<OpHook> {
  public:
   explicit OpHookGuard(OpHook hook);
 };
+// Whether an OpHook is installed on this thread: something (the tracer, a split run) is
+// recording the ops this thread calls. Code with side effects the recording cannot hold
+// (kiln::dist's gradient hooks) holds them back then.
+bool op_hook_installed();
 
 // Host reads: Tensor::item() reports the tensor it reads to this hook (one per thread,
 // installed like OpHook) when called outside a kernel, so that a tracer can tell a value

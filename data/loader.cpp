@@ -15,20 +15,13 @@
 
 #include "core/cuda.h"
 #include "core/ops/factory.h"
+#include "data/distributed_sampler.h"
 
 namespace kiln::data {
 
 struct Loader::State {
   std::atomic<int64_t> skipped = 0;
 };
-
-namespace {
-
-// The shuffle's own stream: sample streams use (seed, epoch, index) with index < size, so
-// the all-ones index never collides with one of them.
-constexpr uint64_t kShuffleStream = ~uint64_t{0};
-
-}  // namespace
 
 Loader::Loader(std::shared_ptr<const Dataset> dataset, LoaderOptions options)
     : dataset_(std::move(dataset)), options_(options), state_(std::make_shared<State>()) {
@@ -39,27 +32,24 @@ Loader::Loader(std::shared_ptr<const Dataset> dataset, LoaderOptions options)
              "Loader: workers {} must be between 0 and {}", options_.workers, kMaxLoaderWorkers);
   KILN_CHECK(options_.prefetch >= 1 && options_.prefetch <= kMaxLoaderPrefetch,
              "Loader: prefetch {} must be between 1 and {}", options_.prefetch, kMaxLoaderPrefetch);
+  KILN_CHECK(options_.world_size >= 1 && options_.rank >= 0 && options_.rank < options_.world_size,
+             "Loader: rank {} of world_size {}: need world_size >= 1 and 0 <= rank < world_size", options_.rank,
+             options_.world_size);
+  KILN_CHECK(options_.batch_size >= options_.world_size,
+             "Loader: a global batch_size of {} cannot give each of {} ranks a sample", options_.batch_size,
+             options_.world_size);
 }
 
 Loader::~Loader() = default;
 
 int64_t Loader::batches_per_epoch() const {
   // No n + batch_size - 1: that overflows for a batch_size near INT64_MAX.
-  const int64_t n = dataset_->size(), full = n / options_.batch_size;
-  return options_.drop_last || n % options_.batch_size == 0 ? full : full + 1;
+  return sharded_batches(dataset_->size(), options_.batch_size, options_.world_size, options_.drop_last);
 }
 
 std::vector<int64_t> Loader::order(int64_t epoch) const {
   KILN_CHECK(epoch >= 0, "Loader::order: epoch {} must be 0 or more", epoch);
-  const int64_t n = dataset_->size();
-  std::vector<int64_t> indices(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) indices[static_cast<size_t>(i)] = i;
-  if (!options_.shuffle) return indices;
-  // Fisher-Yates from the back: position k swaps with a uniform position in [0, k].
-  SampleRng rng(options_.seed, static_cast<uint64_t>(epoch), kShuffleStream);
-  for (int64_t k = n - 1; k > 0; --k)
-    std::swap(indices[static_cast<size_t>(k)], indices[rng.below(static_cast<uint64_t>(k + 1))]);
-  return indices;
+  return epoch_order(dataset_->size(), options_.shuffle, options_.seed, epoch);
 }
 
 int64_t Loader::skipped() const { return state_->skipped.load(); }
@@ -103,7 +93,10 @@ struct Loader::Epoch::Impl {
   std::optional<Batch> load_batch(int64_t b) {
     const int64_t n = static_cast<int64_t>(order.size());
     // b < batches_per_epoch(), so first < n; last without first + batch_size (overflow).
-    const int64_t first = b * options.batch_size, last = first + std::min(options.batch_size, n - first);
+    const int64_t global_first = b * options.batch_size;
+    const int64_t global_size = std::min(options.batch_size, n - global_first);
+    const auto [shard_first, shard_last] = shard_range(global_size, options.rank, options.world_size);
+    const int64_t first = global_first + shard_first, last = global_first + shard_last;
     std::vector<int64_t> indices;
     std::vector<Sample> samples;
     indices.reserve(static_cast<size_t>(last - first));
@@ -157,6 +150,7 @@ struct Loader::Epoch::Impl {
     batch.indices = std::move(indices);
     batch.epoch = epoch;
     batch.index = b;
+    batch.global_size = global_size;
     return batch;
   }
 

@@ -36,6 +36,11 @@ struct LoaderOptions {
   // asynchronous and runs at the link's full speed; where CUDA is not available, ordinary
   // memory (Loader::pinned() says which). Like PyTorch's pin_memory.
   bool pin_memory = false;
+  // Data parallel (data/distributed_sampler.h): batch_size is the global batch over
+  // world_size ranks, and each batch holds this rank's slice of it; a last global batch
+  // with fewer samples than ranks is dropped. The order stays one process's.
+  int64_t rank = 0;
+  int64_t world_size = 1;
 };
 
 struct Batch {
@@ -44,6 +49,7 @@ struct Batch {
   std::vector<int64_t> indices;  // the dataset indices of the samples, in batch order
   int64_t epoch = 0;
   int64_t index = 0;             // position of the batch in its epoch, from 0
+  int64_t global_size = 0;       // samples in the global batch over all ranks (size() on one)
   int64_t size() const { return static_cast<int64_t>(indices.size()); }
 };
 
@@ -61,7 +67,8 @@ class Loader {
   const LoaderOptions& options() const { return options_; }
   // Whether batches are in pinned memory (options().pin_memory and CUDA available).
   bool pinned() const { return options_.pin_memory && cuda::is_available(); }
-  // Batches per epoch: ceil(size / batch_size), or floor with drop_last.
+  // Batches per epoch: ceil(size / batch_size), or floor with drop_last (with world_size >
+  // 1, a last batch smaller than world_size is dropped too).
   int64_t batches_per_epoch() const;
   // The dataset indices of epoch e in the order they are served.
   std::vector<int64_t> order(int64_t epoch) const;

@@ -49,6 +49,22 @@ std::vector<MicroBatch> Accumulation::split(const Tensor& x, const Tensor& y) co
   return split(x, y, sizes(x.size(0)));
 }
 
+std::vector<MicroBatch> Accumulation::split_shard(const Tensor& x, const Tensor& y, const GlobalBatch& global) const {
+  KILN_CHECK(x.defined() && x.dim() >= 1,
+             "Accumulation::split: x must be a tensor with a batch dim, got {}",
+             x.defined() ? shape_str(x.shape()) : std::string("an undefined tensor"));
+  KILN_CHECK(global.world_size >= 1 && global.samples >= x.size(0) && global.samples > 0,
+             "Accumulation::split_shard: x {} holds {} samples of a global batch of {} over {} ranks; need world_size "
+             ">= 1 and at least this rank's samples in the global batch",
+             shape_str(x.shape()), x.size(0), global.samples, global.world_size);
+  std::vector<MicroBatch> out = split(x, y, sizes(x.size(0)));
+  for (MicroBatch& mb : out)
+    mb.weight = scalar_tensor(static_cast<double>(mb.size) * static_cast<double>(global.world_size) /
+                                  static_cast<double>(global.samples),
+                              DType::f64, x.device());
+  return out;
+}
+
 std::vector<MicroBatch> Accumulation::split(const Tensor& x, const Tensor& y,
                                             const std::vector<int64_t>& sizes) const {
   KILN_CHECK(x.defined() && x.dim() >= 1,

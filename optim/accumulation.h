@@ -31,6 +31,13 @@
 // something other than the sample count (cross entropy with class weights or ignored
 // targets) are likewise only exact when that divisor is proportional to the sample count.
 //
+// Data parallel (kiln::dist::DistributedDataParallel): W ranks each hold n_r of a global
+// batch's N samples, and the gradients are averaged over the W ranks. split_shard with
+// GlobalBatch{.samples = N, .world_size = W} and the weights are W * size / N, so the
+// average (1/W) sum_r sum_j (W n_rj / N) mean_rj is again the whole global batch's mean,
+// even when the n_r differ (the last, short global batch of an epoch). Weights of
+// size / n_r would be exact only when every rank holds as many samples.
+//
 // Data-parallel hook: MicroBatch::is_last marks the micro-step after which the gradients
 // of this global batch are complete, where a data-parallel trainer all-reduces them.
 // Callbacks registered with on_last_micro_step run when finish() is called on that
@@ -72,6 +79,12 @@ struct MicroBatch {
   std::shared_ptr<const std::vector<std::function<void()>>> last_step_callbacks;
 };
 
+// This rank's place in a data-parallel global batch (see the comment at the top).
+struct GlobalBatch {
+  int64_t samples = 0;     // N: the global batch's samples over all ranks (>= this rank's)
+  int64_t world_size = 1;  // W: the ranks whose gradients are averaged
+};
+
 // Splits global batches into weighted micro-batches whose summed gradient is exactly the
 // gradient of the global batch's mean loss (see the comment at the top of this file).
 class Accumulation {
@@ -92,6 +105,9 @@ class Accumulation {
   // The same with explicit sizes, each > 0, adding up to x.size(0) (at most batch).
   std::vector<MicroBatch> split(const Tensor& x, const Tensor& y,
                                 const std::vector<int64_t>& sizes) const;
+  // Data parallel: x and y hold this rank's shard of a global batch, cut into sizes(n);
+  // weights are global.world_size * size / global.samples.
+  std::vector<MicroBatch> split_shard(const Tensor& x, const Tensor& y, const GlobalBatch& global) const;
 
   // Registers fn to run when finish() is called on the last micro-batch of a global batch
   // (the place to all-reduce gradients). Micro-batches share this Accumulation's list, so

@@ -51,6 +51,26 @@ if(NOT KILN_DNNL STREQUAL "OFF")
   endif()
 endif()
 
+# Gloo (Debian: libgloo-dev) runs the collectives of CPU process groups (dist/). Found by
+# hand, as oneDNN: Debian's GlooConfig.cmake only describes a RelWithDebInfo build, and the
+# library and its headers are all kiln needs.
+set(KILN_HAVE_GLOO OFF)
+if(NOT KILN_GLOO STREQUAL "OFF")
+  find_library(KILN_GLOO_LIBRARY NAMES gloo)
+  find_path(KILN_GLOO_INCLUDE_DIR gloo/rendezvous/store.h)
+  if(KILN_GLOO_LIBRARY AND KILN_GLOO_INCLUDE_DIR)
+    add_library(kiln_gloo INTERFACE)
+    target_link_libraries(kiln_gloo INTERFACE ${KILN_GLOO_LIBRARY})
+    target_include_directories(kiln_gloo INTERFACE ${KILN_GLOO_INCLUDE_DIR})
+    set(KILN_HAVE_GLOO ON)
+    message(STATUS "kiln: process groups over Gloo (${KILN_GLOO_LIBRARY})")
+  elseif(KILN_GLOO STREQUAL "ON")
+    message(FATAL_ERROR "kiln: KILN_GLOO=ON but Gloo was not found (apt-get install libgloo-dev)")
+  else()
+    message(STATUS "kiln: Gloo not found; kiln::dist builds without a CPU backend")
+  endif()
+endif()
+
 set(KILN_HAVE_CUDA OFF)
 if(NOT KILN_CUDA STREQUAL "OFF")
   if(KILN_CUDA STREQUAL "ON")

@@ -4,7 +4,7 @@
 set -euo pipefail
 
 packages=(cmake ninja-build g++ make libeigen3-dev libfmt-dev catch2 libopenblas-openmp-dev
-  libjpeg62-turbo-dev zlib1g-dev libdnnl-dev dataset-fashion-mnist)
+  libjpeg62-turbo-dev zlib1g-dev libdnnl-dev libgloo-dev dataset-fashion-mnist)
 # Where clang 14 is installed, its libFuzzer and sanitizer runtimes (only recommended by
 # clang-14, so often absent) let `make test` build and run the fuzz targets (tests/fuzz).
 if dpkg-query -W -f='${Status}' clang-14 2>/dev/null | grep -q "install ok installed"; then

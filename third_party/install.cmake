@@ -10,7 +10,7 @@ install(TARGETS kiln EXPORT kilnTargets
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(FILES ${PROJECT_SOURCE_DIR}/kiln.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/kiln)
-foreach(layer core core/ops kernels autograd models optim data compiler compiler/ir compiler/passes compiler/codegen)
+foreach(layer core core/ops kernels autograd models optim data dist compiler compiler/ir compiler/passes compiler/codegen)
   file(GLOB headers ${PROJECT_SOURCE_DIR}/${layer}/*.h)
   install(FILES ${headers} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/kiln/${layer})
 endforeach()

@@ -1,7 +1,8 @@
 // kiln-bench: speed measured as ratios in one run. This file: `train` and `mlp-block`,
 // which time training steps, and the command line; `ops` (single ops, one JSON line each)
 // is in tools/bench_ops.cpp, `convs` (a model's convolutions) in tools/bench_convs.cpp, `plan`
-// (the GPU cost model's prediction) in tools/bench_plan.cpp.
+// (the GPU cost model's prediction) in tools/bench_plan.cpp, `ddp` (data-parallel training) in
+// tools/bench_ddp.cpp.
 // tools/bench_vs_torch.py runs them against PyTorch.
 #include <algorithm>
 #include <array>
@@ -601,7 +602,9 @@ int main(int argc, char** argv) {
     if (argc >= 2 && std::strcmp(argv[1], "mlp-block") == 0) return bench_mlp_block(parse_mlp_block_options(argc, argv));
     if (argc >= 2 && std::strcmp(argv[1], "convs") == 0) return bench_convs(argc, argv);
     if (argc >= 2 && std::strcmp(argv[1], "plan") == 0) return bench_plan(argc, argv);
+    if (argc >= 2 && std::strcmp(argv[1], "ddp") == 0) return bench_ddp(argc, argv);
     std::cerr << "usage: kiln-bench ops | train [options] | mlp-block [options] | convs [options] | plan [options]\n"
+                 "                  | ddp [options]\n"
                  "  ops    GFLOP/s of a 1024^3 f32 matmul, GB/s of a 64M-element add against\n"
                  "         memcpy, ms of ResNet-50-sized conv2d ops; bf16 products and convolutions\n"
                  "         with their speedup over f32; one JSON line each. --device cuda:\n"
@@ -633,7 +636,12 @@ int main(int argc, char** argv) {
                  "         traced on this machine: planned and minimum traffic, launches, roofline ms and\n"
                  "         img/s, one JSON line per layout (keep = NCHW, channels_last): --arch resnet50\n"
                  "         --batch 128 --image-size 224 --classes 1000 --gpu h200|h100|a100 [--amp bf16|fp16]\n"
-                 "         [--no-tf32] [--layout keep|channels_last]\n";
+                 "         [--no-tf32] [--layout keep|channels_last]\n"
+                 "  ddp    one process with N threads against N ranks with one thread each (Gloo, loopback),\n"
+                 "         training on the same synthetic global batch: median step, img/s and, for the ranks,\n"
+                 "         the all-reduce ms per step and the share of it that overlapped backward; one JSON\n"
+                 "         line each: --ranks 2 --arch resnet18 --batch 64 --image-size 32 --classes 10\n"
+                 "         --steps 5 --warmup 2\n";
     return 2;
   });
 }

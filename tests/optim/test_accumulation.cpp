@@ -365,3 +365,22 @@ TEST_CASE("choose_micro_batch starts at the smallest size given", "[accumulation
   CHECK(tried == std::vector<int64_t>{2, 4, 8, 12});
   CHECK_THROWS_WITH(optim::choose_micro_batch(12, 150, measure, 2), Catch::Contains("a step of 2 samples needs 200"));
 }
+
+TEST_CASE("split_shard weighs a rank's micro-batches by their share of the global batch", "[optim]") {
+  // A short last global batch of 5 over 3 ranks: shards of 2, 2 and 1. Averaged over the 3
+  // ranks, the weights W * size / N must add up to 1 like one process's size / N.
+  optim::Accumulation acc({.batch = 4, .micro_batch = 1});
+  double total = 0;
+  for (int64_t share : {2, 2, 1}) {
+    const std::vector<optim::MicroBatch> micro = acc.split_shard(zeros({share, 3}), Tensor(), {.samples = 5, .world_size = 3});
+    REQUIRE(micro.size() == static_cast<size_t>(share));
+    for (const optim::MicroBatch& mb : micro) {
+      CHECK(mb.weight.item<double>() == Approx(3.0 / 5));
+      total += mb.weight.item<double>() / 3;
+    }
+    CHECK(micro.back().is_last);
+  }
+  CHECK(total == Approx(1.0));
+  CHECK_THROWS_WITH(acc.split_shard(zeros({3, 3}), Tensor(), {.samples = 2, .world_size = 3}),
+                    Catch::Contains("split_shard: x [3,3] holds 3 samples of a global batch of 2"));
+}
