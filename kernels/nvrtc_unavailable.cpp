@@ -2,6 +2,7 @@
 // renders CUDA (compiler/codegen/cuda.cpp) but cannot compile it: each says so. A build with
 // CUDA compiles kernels/cuda/nvrtc.cpp instead.
 #if !defined(KILN_HAVE_CUDA)
+#include "core/error.h"
 #include "kernels/cuda/nvrtc.h"
 
 namespace kiln::cuda {

@@ -6,6 +6,7 @@
 
 #include "core/ops/optim_ops.h"
 #include "core/registry.h"
+#include "kernels/cpu/wide.h"
 #include "optim/adamw.h"
 #include "optim/sgd.h"
 #include "testing.h"
@@ -152,4 +153,44 @@ TEST_CASE("AdamW by group equals AdamW by parameter bit for bit with mixed dtype
       }
     }
   }
+}
+
+TEST_CASE("the AdamW update's AVX-512 build gives the plain build's bits", "[optim][multitensor]") {
+  // kernels/cpu/optim_ops.cpp runs the element loop vectorized where the CPU has AVX-512,
+  // without FMA contraction: every operation rounds as in the plain build (and the CUDA
+  // kernel), so the results are equal bit for bit, amsgrad and maximize included.
+  cpu::set_wide_loops(false);
+  const bool has_wide = [] {
+    try {
+      cpu::set_wide_loops(true);
+      return true;
+    } catch (const Error&) {
+      return false;
+    }
+  }();
+  if (!has_wide) {
+    WARN("this CPU has no AVX-512: one build only");
+    return;
+  }
+  for (DType dtype : {DType::f32, DType::f64})
+    for (bool amsgrad : {false, true})
+      for (bool maximize : {false, true}) {
+        INFO(name(dtype) << " amsgrad " << amsgrad << " maximize " << maximize);
+        manual_seed(3);
+        // 1003 elements: whole vectors and a tail.
+        const Tensor p = randn({1003}, {.dtype = dtype}), g = randn({1003}, {.dtype = dtype}) * 3.0;
+        const AdamWState s{randn({1003}, {.dtype = dtype}) * 0.1, rand({1003}, {.dtype = dtype}) * 0.01,
+                           amsgrad ? rand({1003}, {.dtype = dtype}) * 0.02 : Tensor(), f64_scalar(3)};
+        const AdamWHyper h{f64_scalar(1e-3), f64_scalar(0.9), f64_scalar(0.999), f64_scalar(1e-8), f64_scalar(0.01)};
+        AdamWUpdate result[2];
+        for (int wide : {0, 1}) {
+          cpu::set_wide_loops(wide == 1);
+          result[wide] = adamw_update(p, g, s, h, {amsgrad, maximize});
+        }
+        check_identical(result[1].param, result[0].param);
+        check_identical(result[1].exp_avg, result[0].exp_avg);
+        check_identical(result[1].exp_avg_sq, result[0].exp_avg_sq);
+        if (amsgrad) check_identical(result[1].max_exp_avg_sq, result[0].max_exp_avg_sq);
+      }
+  cpu::set_wide_loops(true);
 }
