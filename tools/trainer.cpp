@@ -22,10 +22,13 @@
 #include "core/ops/elementwise.h"
 #include "core/ops/factory.h"
 #include "core/ops/loss.h"
+#include "core/ops/join.h"
 #include "core/ops/reduce.h"
 #include "core/storage.h"
 #include "data/datasets.h"
 #include "data/image.h"
+#include "dist/launch_env.h"
+#include "dist/process_group.h"
 #include "data/loader.h"
 #include "models/containers.h"
 #include "models/layers.h"
@@ -346,15 +349,20 @@ void finish_step(optim::Optimizer& optimizer, const Precision& precision) {
 
 StepStats run_step(const compiler::TracedFunction& micro_step, optim::Optimizer& optimizer,
                    const optim::Accumulation& accumulation, const Tensor& input, const Tensor& target,
-                   const Precision& precision) {
+                   const Precision& precision, const DataParallelStep* dp) {
   StepStats stats;
   // The step's loss is the mean over the global batch: each micro-batch's mean loss
   // weighted by its share of the samples (the weight the gradient used). Summed where the
   // micro-steps run and read once per step, after the update: a micro-step reads nothing
   // back (on a GPU, a read would wait for the device each time).
   Tensor loss_sum, correct_sum;
-  const auto sizes = optim::balanced_sizes(input.size(0), accumulation.options().micro_batch);
-  for (const optim::MicroBatch& micro : accumulation.split(input, target, sizes)) {
+  const std::vector<optim::MicroBatch> micros =
+      dp ? accumulation.split_shard(input, target, {.samples = dp->global_samples, .world_size = dp->world_size})
+         : accumulation.split(input, target, optim::balanced_sizes(input.size(0), accumulation.options().micro_batch));
+  for (const optim::MicroBatch& micro : micros) {
+    // Data parallel: the gradients are all-reduced on the last micro-step only.
+    std::optional<dist::DistributedDataParallel::NoSync> no_sync;
+    if (dp) no_sync.emplace(*dp->ddp, !micro.is_last);
     const std::vector<Tensor> out = micro_step({micro.x, micro.y, micro.weight});
     micro.finish();
     NoGradGuard no_grad;
@@ -365,6 +373,20 @@ StepStats run_step(const compiler::TracedFunction& micro_step, optim::Optimizer&
   }
   finish_step(optimizer, precision);
   optimizer.zero_grad();
+  if (dp) {
+    // Every rank's sums in one all-reduce. With split_shard's weights (W size / N) the
+    // ranks' weighted losses add up to W times the global batch's mean.
+    NoGradGuard no_grad;
+    const Tensor local = stack({loss_sum.to(DType::f64).to(Device::cpu()), correct_sum.to(DType::f64).to(Device::cpu()),
+                                scalar_tensor(static_cast<double>(stats.samples), DType::f64)})
+                             .contiguous();
+    dist::all_reduce(local).wait();
+    const double* sums = local.data_ptr<double>();
+    stats.loss = sums[0] / dp->world_size;
+    stats.correct = static_cast<int64_t>(sums[1]);
+    stats.samples = static_cast<int64_t>(sums[2]);
+    return stats;
+  }
   stats.loss = loss_sum.item<double>();
   stats.correct = correct_sum.item<int64_t>();
   return stats;
@@ -373,16 +395,17 @@ StepStats run_step(const compiler::TracedFunction& micro_step, optim::Optimizer&
 }  // namespace
 
 StepStats train_step(nn::Module& model, optim::Optimizer& optimizer, const optim::Accumulation& accumulation,
-                     const Tensor& input, const Tensor& target, double label_smoothing, const Precision& precision) {
+                     const Tensor& input, const Tensor& target, double label_smoothing, const Precision& precision,
+                     const DataParallelStep* data_parallel) {
   return run_step(micro_step_function(model, label_smoothing, precision), optimizer, accumulation, input, target,
-                  precision);
+                  precision, data_parallel);
 }
 
 StepStats train_step_compiled(compiler::CompiledFunction& compiled, optim::Optimizer& optimizer,
                               const optim::Accumulation& accumulation, const Tensor& input, const Tensor& target,
-                              const Precision& precision) {
+                              const Precision& precision, const DataParallelStep* data_parallel) {
   return run_step([&compiled](const std::vector<Tensor>& args) { return compiled(args); }, optimizer, accumulation,
-                  input, target, precision);
+                  input, target, precision, data_parallel);
 }
 
 compiler::TracedFunction whole_step_function(nn::Module& model, optim::Optimizer& optimizer,
@@ -443,16 +466,38 @@ int64_t default_memory_budget() {
   return int64_t{4} << 30;
 }
 
-Result run(const Config& c, std::ostream& out) {
-  validate(c);
+Result run(const Config& given, std::ostream& given_out) {
+  validate(given);
+  // Data parallel: a rank of a job that kiln-run, torchrun, mpirun or srun started. Every
+  // rank trains its shard of each global batch (--batch stays the global batch); rank 0
+  // alone prints, logs, plots and writes checkpoints, and every rank reads a checkpoint
+  // to resume (the folder must be shared).
+  const std::optional<dist::LaunchEnv> launch = dist::read_launch_env();
+  const int world = launch ? launch->world_size : 1;
+  if (world > 1) {
+    KILN_CHECK(given.device == "cpu",
+               "kiln-train: data-parallel training (a job of {} ranks) runs on the CPU for now: the NCCL backend "
+               "for CUDA is not built yet",
+               world);
+    if (!dist::is_initialized()) dist::init_process_group({.backend = "gloo"});
+  }
+  const int rank = world > 1 ? dist::get_rank() : 0;
+  Config c = given;
+  std::ostream silent(nullptr);
+  std::ostream& out = rank == 0 ? given_out : silent;
+  if (rank != 0) {
+    c.quiet = true;
+    c.log_file.clear();
+    c.plot_file.clear();
+  }
   data::set_max_image_pixels(c.max_image_pixels > 0 ? c.max_image_pixels : data::kDefaultMaxImagePixels);
   check_available(c);
   stop_requested.store(false);
   Result result;
   // The outputs are checked before any training.
-  const fs::path plot = !c.plot_file.empty() ? c.plot_file
-                        : !c.checkpoint_dir.empty() ? c.checkpoint_dir / "curves.svg"
-                                                    : fs::path();
+  const fs::path plot = !c.plot_file.empty()                      ? c.plot_file
+                        : !c.checkpoint_dir.empty() && rank == 0 ? c.checkpoint_dir / "curves.svg"
+                                                                 : fs::path();
   if (!c.log_file.empty()) check_writable(c.log_file, "--log");
   if (!plot.empty()) check_writable(plot, c.plot_file.empty() ? "--checkpoint" : "--plot");
 
@@ -486,7 +531,7 @@ Result run(const Config& c, std::ostream& out) {
   const bool pin = device.is_cuda();
   data::Loader train_loader(d.train, {.batch_size = c.batch, .shuffle = true, .drop_last = drop_last,
                                       .workers = c.workers, .seed = c.seed, .skip_bad_samples = c.skip_bad_images,
-                                      .pin_memory = pin});
+                                      .pin_memory = pin, .rank = rank, .world_size = world});
   std::unique_ptr<data::Loader> val_loader;
   if (d.val)
     val_loader = std::make_unique<data::Loader>(
@@ -518,8 +563,9 @@ Result run(const Config& c, std::ostream& out) {
     result.step_losses = state.step_losses;
   } else if (c.micro_batch_auto) {
     const int64_t budget = c.memory_budget > 0 ? c.memory_budget : default_memory_budget();
+    // Per rank: its shard of the global batch.
     const optim::MicroBatchChoice choice = optim::choose_micro_batch(
-        c.batch, budget, [&](int64_t b) { return measure_step_bytes(*model, shape, classes, b); },
+        (c.batch + world - 1) / world, budget, [&](int64_t b) { return measure_step_bytes(*model, shape, classes, b); },
         batch_norm ? 2 : 1);
     micro = choice.micro_batch;
     if (!c.quiet) {
@@ -528,8 +574,14 @@ Result run(const Config& c, std::ostream& out) {
       out << fmt::format("micro-batch auto: budget {:.0f} MiB, measured{} -> {}\n", budget / 1048576.0, tried, micro);
     }
   }
-  const optim::Accumulation accumulation({.batch = c.batch, .micro_batch = micro});
+  optim::Accumulation accumulation({.batch = c.batch, .micro_batch = micro});
   result.micro_batch = micro;
+  // After the resume: rank 0's parameters and buffers are every rank's (the same anyway).
+  std::optional<dist::DistributedDataParallel> ddp;
+  if (world > 1) {
+    ddp.emplace(*model);
+    ddp->attach(accumulation);
+  }
   std::optional<compiler::CompiledFunction> compiled, compiled_eval;
   if (c.compile) {
     // --channels-last runs the whole step NHWC; otherwise the layout pass chooses (NHWC
@@ -569,6 +621,9 @@ Result run(const Config& c, std::ostream& out) {
                        differences.empty() ? std::string("nothing") : fmt::format("{}", fmt::join(differences, ", ")));
     out << fmt::format("  precision: {}{}{}\n", amp.why, amp.loss_scaling ? ", dynamic loss scaling" : "",
                        c.clip_grad_norm > 0 ? fmt::format(", gradients clipped to norm {}", c.clip_grad_norm) : "");
+    if (world > 1)
+      out << fmt::format("  data parallel: {} ranks ({}), each its shard of every global batch of {}\n", world,
+                         launch->source, c.batch);
     if (c.resume)
       out << fmt::format("  resumed at step {} (epoch {}, batch {})\n", state.step, state.epoch + 1, state.batch);
   }
@@ -606,9 +661,12 @@ Result run(const Config& c, std::ostream& out) {
     for (data::Batch& batch : train_loader.epoch(epoch, start)) {
       const auto t0 = Clock::now();
       const Tensor input = batch.input.to(device).contiguous(format), target = batch.target.to(device);
+      const DataParallelStep data_parallel{.ddp = ddp ? &*ddp : nullptr, .world_size = world,
+                                           .global_samples = batch.global_size};
+      const DataParallelStep* dp = ddp ? &data_parallel : nullptr;
       const StepStats s =
-          compiled ? train_step_compiled(*compiled, *optimizer, accumulation, input, target, precision)
-                   : train_step(*model, *optimizer, accumulation, input, target, c.label_smoothing, precision);
+          compiled ? train_step_compiled(*compiled, *optimizer, accumulation, input, target, precision, dp)
+                   : train_step(*model, *optimizer, accumulation, input, target, c.label_smoothing, precision, dp);
       const double lr = optimizer->param_groups().front().lr();
       scheduler.step();
       ++step;
@@ -637,11 +695,17 @@ Result run(const Config& c, std::ostream& out) {
       }
       progress.step(batch_index, step, loss_sum / std::max<int64_t>(seen, 1),
                     seen_now / std::max(seconds_since(epoch_start), 1e-9));
-      const bool stop = stop_requested.load() || (c.stop_after_steps > 0 && steps_this_run >= c.stop_after_steps);
+      bool stop = stop_requested.load() || (c.stop_after_steps > 0 && steps_this_run >= c.stop_after_steps);
+      if (world > 1) {
+        // Every rank stops after the same step (Ctrl-C reaches them at different moments).
+        const Tensor any = scalar_tensor(stop ? 1.0 : 0.0, DType::f64).reshape({1});
+        dist::all_reduce(any, dist::ReduceOp::max).wait();
+        stop = any.data_ptr<double>()[0] > 0;
+      }
       if (stop && step < total_steps) {
         progress.finish();
         const fs::path dir = c.checkpoint_dir.empty() ? fs::path("kiln-train-interrupted") : c.checkpoint_dir;
-        save(epoch, batch_index, dir, loss_sum, correct, seen);
+        if (rank == 0) save(epoch, batch_index, dir, loss_sum, correct, seen);
         if (!c.quiet)
           out << fmt::format("stopped at step {}; checkpoint in {}; continue with --checkpoint {} --resume\n", step,
                              result.checkpoint.string(), dir.string());
@@ -678,7 +742,7 @@ Result run(const Config& c, std::ostream& out) {
                          json_number(record.val_loss), json_number(record.val_accuracy))
           << '\n'
           << std::flush;
-    if (!c.checkpoint_dir.empty()) save(epoch + 1, 0, c.checkpoint_dir, 0, 0, 0);
+    if (!c.checkpoint_dir.empty() && rank == 0) save(epoch + 1, 0, c.checkpoint_dir, 0, 0, 0);
   }
   result.skipped = train_loader.skipped();
   if (result.skipped > 0 && !c.quiet) out << fmt::format("skipped {} unreadable training images\n", result.skipped);

@@ -18,6 +18,7 @@
 
 #include "compiler/compile.h"
 #include "data/dataset.h"
+#include "dist/data_parallel.h"
 #include "models/module.h"
 #include "models/state_dict.h"
 #include "optim/accumulation.h"
@@ -117,7 +118,11 @@ struct Result {
 };
 
 // Trains as the config says, writing progress to `out`. Throws kiln::Error for bad
-// configurations, and --device cuda where CUDA is not available.
+// configurations, and --device cuda where CUDA is not available. Started by a launcher
+// (kiln-run, torchrun, mpirun, srun: dist/launch_env.h) as one rank of several, it trains
+// data-parallel on the CPU: its shard of every global batch of config.batch, gradients
+// averaged by dist::DistributedDataParallel, the statistics of the global batch; only rank
+// 0 writes to `out`, the log, the plot and checkpoints.
 Result run(const Config& config, std::ostream& out);
 
 // Asks a running run() to stop after the current optimizer step and save a checkpoint
@@ -147,6 +152,16 @@ struct Precision {
   optim::GradScaler* scaler = nullptr;
   double clip_grad_norm = 0;
 };
+// A rank's part in data-parallel training (kiln-train under kiln-run, torchrun, mpirun or
+// srun): its DDP wrapper (attached to the step's Accumulation) and the world size. A step
+// then splits the rank's shard of the global batch (Accumulation::split_shard, weights of
+// the whole global batch), syncs the gradients on its last micro-step only, and returns
+// the global batch's statistics, summed over the ranks.
+struct DataParallelStep {
+  dist::DistributedDataParallel* ddp = nullptr;
+  int world_size = 1;
+  int64_t global_samples = 0;  // this step's global batch
+};
 // What --amp and --loss-scale choose on `device` ("cpu" or "cuda"): `auto` is bf16 on the
 // CPU and on GPUs of compute capability 8.0 and newer (bf16 has f32's range: no scaler
 // needed), fp16 before (no bf16 tensor cores) with the scaler. `why` says so in words.
@@ -169,7 +184,7 @@ struct StepStats {
 };
 StepStats train_step(nn::Module& model, optim::Optimizer& optimizer, const optim::Accumulation& accumulation,
                      const Tensor& input, const Tensor& target, double label_smoothing,
-                     const Precision& precision = {});
+                     const Precision& precision = {}, const DataParallelStep* data_parallel = nullptr);
 
 // The micro-step as a function kiln::compile can trace: args {input, target, weight (0-d
 // f64)} -> {loss (0-d, the micro-batch's mean), correct (0-d i64)}; it runs backward() on
@@ -191,7 +206,7 @@ compiler::TracedFunction whole_step_function(nn::Module& model, optim::Optimizer
 // same precision).
 StepStats train_step_compiled(compiler::CompiledFunction& compiled, optim::Optimizer& optimizer,
                               const optim::Accumulation& accumulation, const Tensor& input, const Tensor& target,
-                              const Precision& precision = {});
+                              const Precision& precision = {}, const DataParallelStep* data_parallel = nullptr);
 
 // Peak bytes of one forward and backward of `micro_batch` samples shaped `sample_shape`
 // (model state and gradients are restored afterwards), for choose_micro_batch.
