@@ -253,6 +253,11 @@ Module& Module::to(Device device) {
   return *this;
 }
 
+Module& Module::to(MemoryFormat format) {
+  convert_tensors([&](const Tensor& t) { return t.dim() == 4 ? t.contiguous(format) : t; });
+  return *this;
+}
+
 void Module::zero_grad(bool set_to_none) {
   NoGradGuard no_grad;
   for (const Tensor& p : parameters()) {

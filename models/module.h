@@ -125,6 +125,10 @@ class Module {
   Module& to(DType dtype);
   // Moves every parameter and buffer (with gradients) to `device`, in place.
   Module& to(Device device);
+  // Lays out every 4-d parameter and buffer (and gradient) in `format`, in place, as
+  // PyTorch's module.to(memory_format=...): channels_last convolution weights are what
+  // cuDNN's NHWC convolutions read without a transpose. Other tensors are left as they are.
+  Module& to(MemoryFormat format);
 
   // Clears gradients: undefined (set_to_none) or zero-filled.
   void zero_grad(bool set_to_none = true);

@@ -20,10 +20,11 @@ std::map<std::string, double> adamw_defaults(const AdamWOptions& o) {
           {"maximize", o.maximize ? 1.0 : 0.0}};
 }
 
-// The state tensor `name` of a parameter, zeros like `p` when new.
+// The state tensor `name` of a parameter, zeros like `p` when new, in its memory order
+// (channels_last after Module::to): the update's loop walks them alike.
 Tensor& state_tensor(ParamState& state, const std::string& name, const Tensor& p) {
   Tensor& t = state[name];
-  if (!t.defined()) t = zeros_like(p);
+  if (!t.defined()) t = zeros_like(p).contiguous(p.suggest_memory_format());
   return t;
 }
 }  // namespace

@@ -71,7 +71,9 @@ void SGD::step_group(const ParamGroup& group, const std::vector<Tensor>& params,
     if (uses_momentum) {
       auto it = states[i]->find("momentum_buffer");
       first = it == states[i]->end();
-      if (first) buf = (*states[i])["momentum_buffer"] = zeros_like(p);
+      // In the parameter's memory order (channels_last after Module::to): the update's
+      // loop walks them alike.
+      if (first) buf = (*states[i])["momentum_buffer"] = zeros_like(p).contiguous(p.suggest_memory_format());
       else buf = it->second;
     }
     auto call = std::find_if(calls.begin(), calls.end(), [&](const Call& c) {

@@ -511,6 +511,9 @@ Result run(const Config& given, std::ostream& given_out) {
   const Device device = c.device == "cuda" ? Device::cuda() : Device::cpu();
   const MemoryFormat format = c.channels_last ? MemoryFormat::channels_last : MemoryFormat::contiguous;
   model->to(device);
+  // On CUDA the weights too: cuDNN's NHWC convolutions then read them without a transpose
+  // (on the CPU the convolutions take OIHW weights, so they stay so there).
+  if (c.channels_last && device.is_cuda()) model->to(MemoryFormat::channels_last);
   if (device.is_cuda()) {
     // As PyTorch users are told to: TF32 tensor cores for f32 products and convolutions,
     // and cuDNN's algorithm search for the run's fixed shapes.

@@ -26,19 +26,38 @@ namespace {
 
 using Span = std::span<const Tensor>;
 
-// A tensor the update reads: contiguous (a copy when the tensor is not). Null when absent.
+// The loops run over flat memory: every tensor of one parameter's update must lie in the
+// memory order of the tensor written first (the new parameter), which is dense: contiguous
+// or channels_last (a model converted with Module::to(MemoryFormat::channels_last)).
+bool dense(const Tensor& t) { return t.is_contiguous() || t.is_contiguous(MemoryFormat::channels_last); }
+
+// Whether t's elements lie in `like`'s memory order (same strides on every dim of size
+// above 1, `like` dense), so that one flat index walks both alike.
+bool dense_like(const Tensor& t, const Tensor& like) {
+  if (t.shape() != like.shape()) return false;
+  for (int64_t d = 0; d < t.dim(); ++d)
+    if (t.size(d) > 1 && t.stride(d) != like.stride(d)) return false;
+  return dense(like);
+}
+
+// A tensor the update reads, in `like`'s memory order (a copy when it is not). Null when absent.
 template <class T>
-const T* read_ptr(const Tensor& t, Tensor& keep) {
+const T* read_ptr(const Tensor& t, Tensor& keep, const Tensor& like) {
   if (!t.defined()) return nullptr;
-  keep = t.contiguous();
+  keep = dense_like(t, like) ? t : t.contiguous(like.is_contiguous() ? MemoryFormat::contiguous : MemoryFormat::channels_last);
   return keep.data_ptr<T>();
 }
 
-// A tensor the in-place form writes: it must be contiguous, as the loop writes flat.
-void check_writable(const Tensor& t, const std::string& what, const char* op) {
+// A tensor the in-place form writes: dense, and in the parameter's memory order, as the
+// loop writes flat.
+void check_writable(const Tensor& t, const Tensor& param, const std::string& what, const char* op) {
   if (!t.defined()) return;
-  KILN_CHECK(t.is_contiguous(), "{}: {} must be contiguous to be updated in place, got {} (strides {})",
-             op, what, t.meta_str(), shape_str(t.strides()));
+  KILN_CHECK(dense(t), "{}: {} must be contiguous or channels_last to be updated in place, got {} (strides {})", op,
+             what, t.meta_str(), shape_str(t.strides()));
+  KILN_CHECK(dense_like(t, param),
+             "{}: {} must lie in its parameter's memory order to be updated in place, got strides {} against the "
+             "parameter's {} ({})",
+             op, what, shape_str(t.strides()), shape_str(param.strides()), t.meta_str());
 }
 
 // Whether a skipped step (found_inf nonzero, core/ops/optim_ops.h) leaves this call's
@@ -119,7 +138,7 @@ template <class T>
 // One parameter's pointers; `keep` holds contiguous copies of inputs that were not.
 template <class T>
 SGDPointers<T> sgd_pointers(Span in, const Tensor& p_out, const Tensor& buf_out, std::array<Tensor, 3>& keep) {
-  return {read_ptr<T>(in[0], keep[0]), read_ptr<T>(in[1], keep[1]), read_ptr<T>(in[2], keep[2]),
+  return {read_ptr<T>(in[0], keep[0], p_out), read_ptr<T>(in[1], keep[1], p_out), read_ptr<T>(in[2], keep[2], p_out),
           p_out.data_ptr<T>(), buf_out.defined() ? buf_out.data_ptr<T>() : nullptr};
 }
 
@@ -142,8 +161,8 @@ void run_sgd(Span in, const Tensor& p_out, const Tensor& buf_out, const Attrs& a
 }
 
 void sgd_update_inplace(Span in, Span, const Attrs& attrs) {
-  check_writable(in[0], "param", "sgd_update_");
-  check_writable(in[2], "momentum_buffer", "sgd_update_");
+  check_writable(in[0], in[0], "param", "sgd_update_");
+  check_writable(in[2], in[0], "momentum_buffer", "sgd_update_");
   if (skipped(found_inf_input(in, 7))) return;
   run_sgd(in, in[0], in[2], attrs);
 }
@@ -182,8 +201,10 @@ void run_sgd_multi(Span in, const Attrs& attrs, Outs outs) {
 void sgd_update_multi_inplace(Span in, Span, const Attrs& attrs) {
   const int64_t n = attrs.i("count");
   for (int64_t k = 0; k < n; ++k) {
-    check_writable(in[static_cast<size_t>(k)], fmt::format("param {}", k), "sgd_update_multi_");
-    check_writable(in[static_cast<size_t>(2 * n + k)], fmt::format("momentum_buffer {}", k), "sgd_update_multi_");
+    check_writable(in[static_cast<size_t>(k)], in[static_cast<size_t>(k)], fmt::format("param {}", k),
+                   "sgd_update_multi_");
+    check_writable(in[static_cast<size_t>(2 * n + k)], in[static_cast<size_t>(k)], fmt::format("momentum_buffer {}", k),
+                   "sgd_update_multi_");
   }
   if (skipped(found_inf_input(in, static_cast<size_t>(3 * n + 4)))) return;
   run_sgd_multi(in, attrs, [&](int64_t k) {
@@ -262,8 +283,8 @@ template <class T>
 // without amsgrad).
 template <class T>
 AdamWPointers<T> adamw_pointers(Span in, const Tensor* out, std::array<Tensor, 5>& keep) {
-  return {read_ptr<T>(in[0], keep[0]), read_ptr<T>(in[1], keep[1]), read_ptr<T>(in[2], keep[2]),
-          read_ptr<T>(in[3], keep[3]), read_ptr<T>(in[4], keep[4]), out[0].data_ptr<T>(),
+  return {read_ptr<T>(in[0], keep[0], out[0]), read_ptr<T>(in[1], keep[1], out[0]), read_ptr<T>(in[2], keep[2], out[0]),
+          read_ptr<T>(in[3], keep[3], out[0]), read_ptr<T>(in[4], keep[4], out[0]), out[0].data_ptr<T>(),
           out[1].data_ptr<T>(),        out[2].data_ptr<T>(),        out[3].defined() ? out[3].data_ptr<T>() : nullptr};
 }
 
@@ -282,7 +303,7 @@ void run_adamw(Span in, const Tensor* out, const Attrs& attrs) {
 
 void adamw_update_inplace(Span in, Span, const Attrs& attrs) {
   const char* what[] = {"param", "", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
-  for (int i : {0, 2, 3, 4}) check_writable(in[static_cast<size_t>(i)], what[i], "adamw_update_");
+  for (int i : {0, 2, 3, 4}) check_writable(in[static_cast<size_t>(i)], in[0], what[i], "adamw_update_");
   if (skipped(found_inf_input(in, 11))) return;
   const Tensor out[] = {in[0], in[2], in[3], in[4]};
   run_adamw(in, out, attrs);
@@ -329,7 +350,8 @@ void adamw_update_multi_inplace(Span in, Span, const Attrs& attrs) {
   const char* what[] = {"param", "", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
   for (int64_t role : {0, 2, 3, 4})
     for (int64_t k = 0; k < n; ++k)
-      check_writable(in[static_cast<size_t>(role * n + k)], fmt::format("{} {}", what[role], k), "adamw_update_multi_");
+      check_writable(in[static_cast<size_t>(role * n + k)], in[static_cast<size_t>(k)], fmt::format("{} {}", what[role], k),
+                     "adamw_update_multi_");
   if (skipped(found_inf_input(in, static_cast<size_t>(6 * n + 5)))) return;
   run_adamw_multi(in, attrs, [&](int64_t k) {
     auto at = [&](int64_t role) { return in[static_cast<size_t>(role * n + k)]; };

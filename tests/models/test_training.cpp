@@ -3,6 +3,8 @@
 #include <vector>
 
 #include "models/small_models.h"
+#include "optim/adamw.h"
+#include "optim/sgd.h"
 #include "testing.h"
 
 using namespace kiln;
@@ -74,4 +76,44 @@ TEST_CASE("the small CNN's loss falls on a fixed batch", "[zoo]") {
   CHECK_THROWS_WITH(cnn(randn({8, 1, 9, 9})),
                     Catch::Contains("SmallCNN") && Catch::Contains("[8,1,9,9]"));
   CHECK_THROWS_WITH(models::SmallCNN({.image_size = 3}), Catch::Contains("image_size"));
+}
+
+TEST_CASE("a CNN converted to channels_last trains as the contiguous one, SGD and AdamW", "[zoo][layout]") {
+  // Module::to(MemoryFormat::channels_last) lays out the 4-d weights NHWC; the optimizers
+  // keep their state in the parameters' memory order and update them in place. The same
+  // arithmetic in another order of memory: the convolutions may sum in another order, so
+  // the parameters agree to f32 rounding over a few steps, relative 1e-4.
+  for (const bool adamw : {false, true}) {
+    INFO((adamw ? "AdamW" : "SGD with momentum"));
+    const models::SmallCNNOptions o{.in_channels = 3, .num_classes = 4, .image_size = 8, .channels1 = 4, .channels2 = 8};
+    manual_seed(5);
+    models::SmallCNN a(o);
+    manual_seed(5);
+    models::SmallCNN b(o);
+    b.to(MemoryFormat::channels_last);
+    for (const auto& [name, p] : b.named_parameters())
+      if (p.dim() == 4) CHECK(p.is_contiguous(MemoryFormat::channels_last));
+    auto make = [&](nn::Module& m) -> std::unique_ptr<optim::Optimizer> {
+      if (adamw) return std::make_unique<optim::AdamW>(m.parameters(), optim::AdamWOptions{.lr = 0.01, .weight_decay = 0.1});
+      return std::make_unique<optim::SGD>(m.parameters(), optim::SGDOptions{.lr = 0.05, .momentum = 0.9});
+    };
+    const auto opt_a = make(a), opt_b = make(b);
+    for (int step = 0; step < 4; ++step) {
+      const Tensor x = randn({6, 3, 8, 8}), y = randint(0, 4, {6});
+      for (auto [m, opt] : {std::pair<nn::Module*, optim::Optimizer*>{&a, opt_a.get()}, {&b, opt_b.get()}}) {
+        nn::functional::cross_entropy((*m)(x), y).backward();
+        opt->step();
+        opt->zero_grad();
+      }
+    }
+    const auto pa = a.named_parameters(), pb = b.named_parameters();
+    REQUIRE(pa.size() == pb.size());
+    for (size_t i = 0; i < pa.size(); ++i) {
+      INFO(pa[i].first);
+      const Tensor& p = pa[i].second;
+      const Tensor& q = pb[i].second;
+      KILN_CHECK_CLOSE(q, p, 1e-4, 1e-6);
+      if (p.dim() == 4) CHECK(q.is_contiguous(MemoryFormat::channels_last));  // updated in place
+    }
+  }
 }
