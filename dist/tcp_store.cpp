@@ -27,18 +27,15 @@ using Clock = std::chrono::steady_clock;
 
 enum class Command : uint8_t { set = 1, get = 2, add = 3, wait = 4, check = 5 };
 
-void put_u32(std::vector<char>& out, uint32_t v) {
+// A number's bytes as they lie in memory (every rank of a job runs on one byte order).
+template <class T>
+void put(std::vector<char>& out, T v) {
   const size_t at = out.size();
-  out.resize(at + 4);
-  std::memcpy(out.data() + at, &v, 4);
-}
-void put_i64(std::vector<char>& out, int64_t v) {
-  const size_t at = out.size();
-  out.resize(at + 8);
-  std::memcpy(out.data() + at, &v, 8);
+  out.resize(at + sizeof(T));
+  std::memcpy(out.data() + at, &v, sizeof(T));
 }
 void put_bytes(std::vector<char>& out, const char* data, size_t size) {
-  put_u32(out, static_cast<uint32_t>(size));
+  put<uint32_t>(out, static_cast<uint32_t>(size));
   out.insert(out.end(), data, data + size);
 }
 void put_string(std::vector<char>& out, const std::string& s) { put_bytes(out, s.data(), s.size()); }
@@ -57,20 +54,16 @@ struct Reader {
   void need(size_t n) const {
     KILN_CHECK(at + n <= data.size(), "TcpStore: a malformed message ({} bytes, field at {})", data.size(), at);
   }
-  uint32_t u32() {
-    need(4);
-    uint32_t v;
-    std::memcpy(&v, data.data() + at, 4);
-    at += 4;
+  template <class T>
+  T get() {
+    need(sizeof(T));
+    T v;
+    std::memcpy(&v, data.data() + at, sizeof(T));
+    at += sizeof(T);
     return v;
   }
-  int64_t i64() {
-    need(8);
-    int64_t v;
-    std::memcpy(&v, data.data() + at, 8);
-    at += 8;
-    return v;
-  }
+  uint32_t u32() { return get<uint32_t>(); }
+  int64_t i64() { return get<int64_t>(); }
   std::string string() {
     const uint32_t n = u32();
     need(n);
@@ -95,7 +88,7 @@ bool send_all(int fd, const char* data, size_t size) {
 bool send_message(int fd, const std::vector<char>& body) {
   std::vector<char> framed;
   framed.reserve(body.size() + 4);
-  put_u32(framed, static_cast<uint32_t>(body.size()));
+  put<uint32_t>(framed, static_cast<uint32_t>(body.size()));
   framed.insert(framed.end(), body.begin(), body.end());
   return send_all(fd, framed.data(), framed.size());
 }
@@ -263,7 +256,7 @@ class TcpStoreServer {
         const std::string text = std::to_string(value);
         data_[key].assign(text.begin(), text.end());
         std::vector<char> reply;
-        put_i64(reply, value);
+        put<int64_t>(reply, value);
         if (!send_message(fd, reply)) return false;
         wake_parked();
         return true;
@@ -439,7 +432,7 @@ std::string TcpStore::get_string(const std::string& key) {
 int64_t TcpStore::add(const std::string& key, int64_t delta) {
   std::vector<char> body = start(Command::add);
   put_string(body, key);
-  put_i64(body, delta);
+  put<int64_t>(body, delta);
   const std::vector<char> reply = request(fmt::format("add({})", key), body, options_.timeout);
   return Reader{reply}.i64();
 }
@@ -448,7 +441,7 @@ void TcpStore::wait(const std::vector<std::string>& keys) { wait(keys, options_.
 
 void TcpStore::wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
   std::vector<char> body = start(Command::wait);
-  put_u32(body, static_cast<uint32_t>(keys.size()));
+  put<uint32_t>(body, static_cast<uint32_t>(keys.size()));
   for (const std::string& k : keys) put_string(body, k);
   try {
     request("wait", body, timeout);
@@ -468,7 +461,7 @@ void TcpStore::wait(const std::vector<std::string>& keys, std::chrono::milliseco
 
 std::vector<bool> TcpStore::check(const std::vector<std::string>& keys) {
   std::vector<char> body = start(Command::check);
-  put_u32(body, static_cast<uint32_t>(keys.size()));
+  put<uint32_t>(body, static_cast<uint32_t>(keys.size()));
   for (const std::string& k : keys) put_string(body, k);
   const std::vector<char> reply = request("check", body, options_.timeout);
   KILN_CHECK(reply.size() == keys.size(), "TcpStore::check: {} answers for {} keys", reply.size(), keys.size());

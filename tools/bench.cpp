@@ -511,14 +511,7 @@ MlpBlockOptions parse_mlp_block_options(int argc, char** argv) {
       o.only = value;
       continue;
     }
-    int64_t v = 0;
-    try {
-      size_t used = 0;
-      v = std::stoll(value, &used);
-      KILN_CHECK(used == value.size(), "");
-    } catch (const std::exception&) {
-      fail("kiln-bench mlp-block: {} {}: expected an integer", option, value);
-    }
+    const int64_t v = parse_integer("kiln-bench mlp-block", option, value);
     if (option == "--batch") o.batch = v;
     else if (option == "--width") o.width = v;
     else if (option == "--hidden") o.hidden = v;
@@ -548,15 +541,7 @@ TrainBenchOptions parse_train_options(int argc, char** argv) {
     }
     KILN_CHECK(i + 1 < argc, "kiln-bench train: {} needs a value", option);
     const std::string value = argv[++i];
-    auto number = [&] {
-      try {
-        size_t used = 0;
-        const long long v = std::stoll(value, &used);
-        if (used == value.size()) return static_cast<int64_t>(v);
-      } catch (const std::exception&) {
-      }
-      fail("kiln-bench train: {} {}: expected an integer", option, value);
-    };
+    auto number = [&] { return parse_integer("kiln-bench train", option, value); };
     if (option == "--arch") o.arch = value;
     else if (option == "--device") o.device = value;
     else if (option == "--only") o.only = value;

@@ -25,6 +25,18 @@ inline std::string blas_field() {
   return fmt::format(R"(,"gemm":"openblas","blas_kernels":"{}")", cpu::gemm_blas_kernels());
 }
 
+// The integer `value` of `option` on a kiln-bench subcommand's command line (`command`:
+// "kiln-bench train"); anything else is a kiln::Error naming both.
+inline int64_t parse_integer(const char* command, const std::string& option, const std::string& value) {
+  try {
+    size_t used = 0;
+    const long long v = std::stoll(value, &used);
+    if (used == value.size()) return v;
+  } catch (const std::exception&) {
+  }
+  fail("{}: {} {}: expected an integer", command, option, value);
+}
+
 // Options are range-checked so that a typo is an error, not an allocation that fails.
 inline void check_range(const char* option, int64_t v, int64_t least, int64_t most) {
   KILN_CHECK(v >= least && v <= most, "{} {} must be between {} and {}", option, v, least, most);

@@ -133,14 +133,8 @@ int run(const ConvsOptions& o) {
 ConvsOptions parse_options(int argc, char** argv) {
   ConvsOptions o;
   bool default_models = true;
-  auto integer = [](const std::string& option, const std::string& value) -> int64_t {
-    try {
-      size_t used = 0;
-      const long long v = std::stoll(value, &used);
-      if (used == value.size()) return v;
-    } catch (const std::exception&) {
-    }
-    fail("kiln-bench convs: {} {}: expected an integer", option, value);
+  auto integer = [](const std::string& option, const std::string& value) {
+    return parse_integer("kiln-bench convs", option, value);
   };
   for (int i = 2; i < argc; ++i) {
     const std::string option = argv[i];

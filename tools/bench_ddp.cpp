@@ -24,6 +24,7 @@
 #include <kiln.h>
 
 #include "tools/bench_common.h"
+#include "tools/free_port.h"
 #include "tools/trainer.h"
 
 extern char** environ;
@@ -52,17 +53,7 @@ DdpOptions parse(int argc, char** argv) {
     }
     KILN_CHECK(i + 1 < argc, "kiln-bench ddp: {} needs a value", a);
     const std::string v = argv[++i];
-    auto number = [&] {
-      size_t used = 0;
-      long long n = 0;
-      try {
-        n = std::stoll(v, &used);
-      } catch (const std::exception&) {
-        used = 0;
-      }
-      KILN_CHECK(used == v.size() && !v.empty(), "kiln-bench ddp: {} {}: expected an integer", a, v);
-      return static_cast<int64_t>(n);
-    };
+    auto number = [&] { return parse_integer("kiln-bench ddp", a, v); };
     if (a == "--arch") o.arch = v;
     else if (a == "--batch") o.batch = number();
     else if (a == "--image-size") o.image_size = number();
@@ -128,16 +119,9 @@ int measure(const DdpOptions& o) {
 }
 
 int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  KILN_CHECK(fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-                 ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0,
-             "kiln-bench ddp: cannot find a free port");
-  ::close(fd);
-  return ntohs(addr.sin_port);
+  const int port = tools::free_loopback_port();
+  KILN_CHECK(port > 0, "kiln-bench ddp: cannot find a free port");
+  return port;
 }
 
 // Starts `count` copies of this program measuring (ranks when count > 1, with `threads`

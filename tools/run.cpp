@@ -27,6 +27,8 @@
 #include <thread>
 #include <vector>
 
+#include "tools/free_port.h"
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -96,16 +98,9 @@ Options parse(int argc, char** argv) {
 }
 
 int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0)
-    usage_error(fmt::format("cannot find a free port: {}", std::strerror(errno)));
-  ::close(fd);
-  return ntohs(addr.sin_port);
+  const int port = kiln::tools::free_loopback_port();
+  if (port < 0) usage_error(fmt::format("cannot find a free port: {}", std::strerror(errno)));
+  return port;
 }
 
 struct Rank {

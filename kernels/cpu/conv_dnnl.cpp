@@ -97,6 +97,17 @@ dnnl::stream& dnnl_stream() {
   return stream;
 }
 
+void dnnl_run(const dnnl::primitive& primitive, const dnnl::memory::desc& scratchpad,
+              std::unordered_map<int, dnnl::memory> args) {
+  Tensor scratch;
+  if (scratchpad.get_size() > 0) {
+    scratch = make_tensor({static_cast<int64_t>(scratchpad.get_size())}, DType::u8);
+    args.emplace(DNNL_ARG_SCRATCHPAD, dnnl::memory(scratchpad, dnnl_engine(), scratch.data_ptr()));
+  }
+  primitive.execute(dnnl_stream(), args);
+  dnnl_stream().wait();
+}
+
 namespace {
 
 using dnnl::memory;
@@ -329,14 +340,8 @@ const char* kind_name(Kind k) {
 
 // Runs a primitive, turning oneDNN's failures into kiln errors naming the op.
 void execute(Kind kind, const Entry& e, std::unordered_map<int, memory> args, const Conv2dGeometry& g) {
-  Tensor scratch;
-  if (e.scratchpad.get_size() > 0) {
-    scratch = make_tensor({static_cast<int64_t>(e.scratchpad.get_size())}, DType::u8);
-    args.emplace(DNNL_ARG_SCRATCHPAD, memory(e.scratchpad, dnnl_engine(), scratch.data_ptr()));
-  }
   try {
-    e.primitive.execute(dnnl_stream(), args);
-    dnnl_stream().wait();
+    dnnl_run(e.primitive, e.scratchpad, std::move(args));
   } catch (const dnnl::error& err) {
     fail("{}: oneDNN ({}) failed on input [{}, {}, {}, {}], weight [{}, {}, {}, {}]: {}", kind_name(kind), e.impl,
          g.batch, g.in_channels, g.in_h, g.in_w, g.out_channels, g.in_channels / g.groups, g.kernel_h,

@@ -14,7 +14,6 @@
 #include <unordered_map>
 
 #include "core/error.h"
-#include "core/ops/factory.h"
 #include "kernels/cpu/dnnl_runtime.h"
 #endif
 
@@ -119,18 +118,11 @@ bool dnnl_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
   const std::shared_ptr<const Entry> shared = entry(key);
   const Entry& e = *shared;
   if (!e.usable) return false;
-  std::unordered_map<int, memory> args{
-      {DNNL_ARG_SRC, memory(e.a, dnnl_engine(), const_cast<BFloat16*>(a))},
-      {DNNL_ARG_WEIGHTS, memory(e.b, dnnl_engine(), const_cast<BFloat16*>(b))},
-      {DNNL_ARG_DST, memory(e.c, dnnl_engine(), c)}};
-  Tensor scratch;
-  if (e.scratchpad.get_size() > 0) {
-    scratch = make_tensor({static_cast<int64_t>(e.scratchpad.get_size())}, DType::u8);
-    args.emplace(DNNL_ARG_SCRATCHPAD, memory(e.scratchpad, dnnl_engine(), scratch.data_ptr()));
-  }
   try {
-    e.primitive.execute(dnnl_stream(), args);
-    dnnl_stream().wait();
+    dnnl_run(e.primitive, e.scratchpad,
+             {{DNNL_ARG_SRC, memory(e.a, dnnl_engine(), const_cast<BFloat16*>(a))},
+              {DNNL_ARG_WEIGHTS, memory(e.b, dnnl_engine(), const_cast<BFloat16*>(b))},
+              {DNNL_ARG_DST, memory(e.c, dnnl_engine(), c)}});
   } catch (const dnnl::error& err) {
     fail("gemm (bf16): oneDNN ({}) failed on m={} n={} k={} (trans_a={}, trans_b={}): {}", e.impl, m,
          n, k, trans_a, trans_b, err.what());

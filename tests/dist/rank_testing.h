@@ -23,23 +23,14 @@
 #include <thread>
 #include <vector>
 
+#include "tools/free_port.h"
+
 extern char** environ;
 
 namespace kiln::testing {
 
-// A port no one listens on now (the kernel's choice for port 0), for the store of one job.
-inline int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
+// A port no one listens on now, for the store of one job.
+inline int free_port() { return tools::free_loopback_port(); }
 
 struct RankExit {
   int status = -1;   // exit status, or -1 when killed by a signal

@@ -194,3 +194,26 @@ TEST_CASE("the AdamW update's AVX-512 build gives the plain build's bits", "[opt
       }
   cpu::set_wide_loops(true);
 }
+
+TEST_CASE("an in-place update walks a channels_last parameter, and refuses state in another order",
+          "[optim][multitensor]") {
+  // The loop writes flat: a parameter and the state it writes share one dense memory order
+  // (Module::to(channels_last) and the optimizers make them so); the gradient it only reads
+  // may lie in any order. The result is the contiguous update's, bit for bit.
+  manual_seed(9);
+  const Tensor p = randn({3, 4, 2, 5}), g = randn({3, 4, 2, 5}), buf = randn({3, 4, 2, 5});
+  const SGDHyper h{f64_scalar(0.1), f64_scalar(0.9), f64_scalar(0.0), f64_scalar(0.01)};
+  const Tensor p_ref = p.clone(), buf_ref = buf.clone();
+  sgd_update_(p_ref, g, buf_ref, h, {});
+  const Tensor p_nhwc = p.contiguous(MemoryFormat::channels_last), buf_nhwc = buf.contiguous(MemoryFormat::channels_last);
+  sgd_update_(p_nhwc, g, buf_nhwc, h, {});
+  CHECK(p_nhwc.is_contiguous(MemoryFormat::channels_last));
+  check_identical(p_nhwc.contiguous(), p_ref);
+  check_identical(buf_nhwc.contiguous(), buf_ref);
+  const Tensor p2 = p.contiguous(MemoryFormat::channels_last), buf_nchw = buf.clone();
+  CHECK_THROWS_WITH(sgd_update_(p2, g, buf_nchw, h, {}),
+                    Catch::Contains("sgd_update_") && Catch::Contains("momentum_buffer") &&
+                        Catch::Contains("memory order"));
+  CHECK_THROWS_WITH(sgd_update_(p.transpose(0, 1), g.transpose(0, 1), buf.transpose(0, 1), h, {}),
+                    Catch::Contains("contiguous or channels_last"));
+}
