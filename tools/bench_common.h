@@ -21,8 +21,10 @@ inline double median_of(std::vector<double> v) {
 // The JSON field naming the GEMM that CPU products ran: figures from two machines
 // compare only when they ran the same kernels (kernels/cpu/gemm.h).
 inline std::string blas_field() {
-  if (cpu::gemm_backend() != cpu::GemmBackend::blas) return R"(,"gemm":"eigen")";
-  return fmt::format(R"(,"gemm":"openblas","blas_kernels":"{}")", cpu::gemm_blas_kernels());
+  const cpu::GemmBackend backend = cpu::gemm_backend();
+  if (backend == cpu::GemmBackend::eigen) return R"(,"gemm":"eigen")";
+  return fmt::format(R"(,"gemm":"{}","blas_kernels":"{}")", cpu::gemm_backend_name(backend),
+                     cpu::gemm_blas_kernels());
 }
 
 // The integer `value` of `option` on a kiln-bench subcommand's command line (`command`:

@@ -104,18 +104,19 @@ int bench_ops() {
     fmt::print(R"({{"bench":"add","numel":{},"dtype":"f32","ms":{:.3f},"gb_per_s":{:.2f},"ratio_to_memcpy":{:.2f},"note":"out of place: the output comes from the allocator"}})" "\n",
                n, ms_fresh, bytes / ms_fresh / 1e6, bytes / ms_fresh / 1e6 / copy_gbps);
   }
-  {  // f32 matmul, 1024^3, through each GEMM backend this build has
-    const int64_t n = 1024;
-    Tensor a = randn({n, n}), b = randn({n, n});
-    const double flop = 2.0 * n * n * n;
-    std::vector<cpu::GemmBackend> backends{cpu::GemmBackend::eigen};
-    if (cpu::gemm_blas_available()) backends.insert(backends.begin(), cpu::GemmBackend::blas);
+  {  // f32 products through each GEMM backend this build has: 1024^3, and the im2col
+     // product of a 3x3 convolution over 64 channels on 64x64 planes
+    const std::vector<std::array<int64_t, 3>> sizes = {{1024, 1024, 1024}, {4096, 64, 576}};
     const cpu::GemmBackend original = cpu::gemm_backend();
-    for (cpu::GemmBackend backend : backends) {
-      cpu::set_gemm_backend(backend);
-      const double ms = time_ms([&] { Tensor c = matmul(a, b); }, 5);
-      fmt::print(R"({{"bench":"matmul","m":{},"n":{},"k":{},"dtype":"f32","backend":"{}","ms":{:.3f},"gflop_per_s":{:.1f}}})" "\n",
-                 n, n, n, backend == cpu::GemmBackend::blas ? "openblas" : "eigen", ms, flop / ms / 1e6);
+    for (const auto& [m, n, k] : sizes) {
+      Tensor a = randn({m, k}), b = randn({k, n});
+      const double flop = 2.0 * m * n * k;
+      for (cpu::GemmBackend backend : cpu::gemm_backends()) {
+        cpu::set_gemm_backend(backend);
+        const double ms = time_ms([&] { Tensor c = matmul(a, b); }, 5);
+        fmt::print(R"({{"bench":"matmul","m":{},"n":{},"k":{},"dtype":"f32","backend":"{}","ms":{:.3f},"gflop_per_s":{:.1f}}})" "\n",
+                   m, n, k, cpu::gemm_backend_name(backend), ms, flop / ms / 1e6);
+      }
     }
     cpu::set_gemm_backend(original);
   }

@@ -1,8 +1,9 @@
 #pragma once
 // The one CPU GEMM every kiln kernel multiplies matrices with. Matrices are row-major: the
 // element (i, j) of a stored matrix with leading dimension ld is at p[i * ld + j].
-// OpenBLAS does the work where kiln was built with it, Eigen otherwise; both use the
-// OpenMP threads when called outside a parallel region and one thread inside one.
+// oneDNN's matmul does the f32 work where kiln was built with it, OpenBLAS the rest (and
+// all of it without oneDNN), Eigen where neither is built in; each uses the OpenMP threads
+// when called outside a parallel region and one thread inside one.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -14,15 +15,26 @@ struct Half;
 
 namespace kiln::cpu {
 
-enum class GemmBackend : uint8_t { blas, eigen };
+// `dnnl`: f32 products of more than 2^19 multiply-adds through oneDNN's matmul
+// (kernels/cpu/gemm_dnnl.h: its AVX-512 kernels beat OpenBLAS's, most on the tall and thin
+// products of convolutions), smaller ones and f64 through OpenBLAS (Eigen without it),
+// which start faster; `blas`: OpenBLAS for all; `eigen`: Eigen's product for all.
+enum class GemmBackend : uint8_t { blas, eigen, dnnl };
 
-// Selects the library gemm calls from now on (for every thread); choosing blas in a
-// build without OpenBLAS is a kiln::Error.
+// Selects the library gemm calls from now on (for every thread); choosing one this build
+// (or, for dnnl, this CPU) lacks is a kiln::Error.
 void set_gemm_backend(GemmBackend backend);
-// The library gemm calls now: blas by default where it was built in.
+// The library gemm calls now: by default dnnl where oneDNN has a JIT f32 matmul here,
+// else blas where it was built in, else eigen; KILN_GEMM_BACKEND=auto|dnnl|blas|eigen in
+// the environment overrides the default.
 GemmBackend gemm_backend();
-// Whether this build has OpenBLAS.
+// Whether this build has OpenBLAS; whether this build and CPU run oneDNN's f32 matmul.
 bool gemm_blas_available();
+bool gemm_dnnl_available();
+// The backends this build and CPU can run, and a backend's name ("onednn", "openblas",
+// "eigen").
+std::vector<GemmBackend> gemm_backends();
+const char* gemm_backend_name(GemmBackend backend);
 
 // The OpenBLAS kernels GEMM runs ("Haswell", "SkylakeX", ...; "" without OpenBLAS). A
 // DYNAMIC_ARCH OpenBLAS picks them per CPU as it loads, unless OPENBLAS_CORETYPE names

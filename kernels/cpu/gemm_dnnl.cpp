@@ -1,4 +1,4 @@
-// bf16 GEMMs through oneDNN's matmul (kernels/cpu/gemm_dnnl.h). A row-major operand stored
+// bf16 and f32 GEMMs through oneDNN's matmul (kernels/cpu/gemm_dnnl.h). A row-major operand stored
 // with rows ld apart is a 2-d memory of strides {ld, 1}; its transpose is the same memory
 // read with strides {1, ld}, so no operand is ever copied by kiln. alpha is the
 // primitive's output scale and beta a sum post-op, both fixed when it is made: the GEMMs
@@ -25,9 +25,14 @@ const std::string& dnnl_bf16_gemm_implementation() {
   static const std::string none;
   return none;
 }
+const std::string& dnnl_f32_gemm_implementation() { return dnnl_bf16_gemm_implementation(); }
 
 bool dnnl_gemm(bool, bool, int64_t, int64_t, int64_t, float, const BFloat16*, int64_t,
                const BFloat16*, int64_t, float, float*, int64_t) {
+  return false;
+}
+bool dnnl_gemm(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*,
+               int64_t, float, float*, int64_t) {
   return false;
 }
 
@@ -47,7 +52,9 @@ struct Entry {
   memory::desc a, b, c, scratchpad;
 };
 
-using Key = std::tuple<int64_t, int64_t, int64_t, bool, bool, int64_t, int64_t, int64_t, uint32_t, uint32_t>;
+// The operands' dtype (C is f32 either way), then the call's sizes, strides, alpha and beta.
+using Key = std::tuple<dt, int64_t, int64_t, int64_t, bool, bool, int64_t, int64_t, int64_t, uint32_t,
+                       uint32_t>;
 
 // op(X), r x s, of a matrix stored with rows ld apart (s x r stored when trans).
 memory::desc operand(int64_t r, int64_t s, int64_t ld, bool trans, dt type) {
@@ -55,10 +62,10 @@ memory::desc operand(int64_t r, int64_t s, int64_t ld, bool trans, dt type) {
 }
 
 Entry make_entry(const Key& key) {
-  const auto [m, n, k, trans_a, trans_b, lda, ldb, ldc, alpha_bits, beta_bits] = key;
+  const auto [type, m, n, k, trans_a, trans_b, lda, ldb, ldc, alpha_bits, beta_bits] = key;
   Entry e;
-  e.a = operand(m, k, lda, trans_a, dt::bf16);
-  e.b = operand(k, n, ldb, trans_b, dt::bf16);
+  e.a = operand(m, k, lda, trans_a, type);
+  e.b = operand(k, n, ldb, trans_b, type);
   e.c = memory::desc({m, n}, dt::f32, memory::dims{ldc, 1});
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
@@ -97,37 +104,57 @@ std::shared_ptr<const Entry> entry(const Key& key) {
   return e;
 }
 
-std::string probe() {
-  const Entry e = make_entry(Key{256, 256, 256, false, false, 256, 256, 256, std::bit_cast<uint32_t>(1.0f), 0});
+std::string probe(dt type) {
+  const Entry e = make_entry(Key{type, 256, 256, 256, false, false, 256, 256, 256, std::bit_cast<uint32_t>(1.0f), 0});
   return e.usable ? e.impl : std::string();
 }
 
-}  // namespace
-
-const std::string& dnnl_bf16_gemm_implementation() {
-  static const std::string impl = probe();
-  return impl;
-}
-
-bool dnnl_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-               const BFloat16* a, int64_t lda, const BFloat16* b, int64_t ldb, float beta, float* c,
-               int64_t ldc) {
-  if (dnnl_bf16_gemm_implementation().empty()) return false;
-  const Key key{m, n, k, trans_a, trans_b, lda, ldb, ldc, std::bit_cast<uint32_t>(alpha),
+template <class T>
+bool run_gemm(const std::string& implementation, dt type, bool trans_a, bool trans_b, int64_t m,
+              int64_t n, int64_t k, float alpha, const T* a, int64_t lda, const T* b, int64_t ldb,
+              float beta, float* c, int64_t ldc) {
+  if (implementation.empty()) return false;
+  const Key key{type, m, n, k, trans_a, trans_b, lda, ldb, ldc, std::bit_cast<uint32_t>(alpha),
                 std::bit_cast<uint32_t>(beta)};
   const std::shared_ptr<const Entry> shared = entry(key);
   const Entry& e = *shared;
   if (!e.usable) return false;
   try {
     dnnl_run(e.primitive, e.scratchpad,
-             {{DNNL_ARG_SRC, memory(e.a, dnnl_engine(), const_cast<BFloat16*>(a))},
-              {DNNL_ARG_WEIGHTS, memory(e.b, dnnl_engine(), const_cast<BFloat16*>(b))},
+             {{DNNL_ARG_SRC, memory(e.a, dnnl_engine(), const_cast<T*>(a))},
+              {DNNL_ARG_WEIGHTS, memory(e.b, dnnl_engine(), const_cast<T*>(b))},
               {DNNL_ARG_DST, memory(e.c, dnnl_engine(), c)}});
   } catch (const dnnl::error& err) {
-    fail("gemm (bf16): oneDNN ({}) failed on m={} n={} k={} (trans_a={}, trans_b={}): {}", e.impl, m,
-         n, k, trans_a, trans_b, err.what());
+    fail("gemm ({}): oneDNN ({}) failed on m={} n={} k={} (trans_a={}, trans_b={}): {}",
+         type == dt::bf16 ? "bf16" : "f32", e.impl, m, n, k, trans_a, trans_b, err.what());
   }
   return true;
+}
+
+}  // namespace
+
+const std::string& dnnl_bf16_gemm_implementation() {
+  static const std::string impl = probe(dt::bf16);
+  return impl;
+}
+
+const std::string& dnnl_f32_gemm_implementation() {
+  static const std::string impl = probe(dt::f32);
+  return impl;
+}
+
+bool dnnl_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+               const BFloat16* a, int64_t lda, const BFloat16* b, int64_t ldb, float beta, float* c,
+               int64_t ldc) {
+  return run_gemm(dnnl_bf16_gemm_implementation(), dt::bf16, trans_a, trans_b, m, n, k, alpha, a,
+                  lda, b, ldb, beta, c, ldc);
+}
+
+bool dnnl_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+               const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+               int64_t ldc) {
+  return run_gemm(dnnl_f32_gemm_implementation(), dt::f32, trans_a, trans_b, m, n, k, alpha, a, lda,
+                  b, ldb, beta, c, ldc);
 }
 
 #endif

@@ -1,10 +1,13 @@
 // matmul, mm, bmm and addmm against a naive triple loop in doubles, on every shape case of
-// torch.matmul, on transposed, strided and broadcast operands, with both GEMM backends.
+// torch.matmul, on transposed, strided and broadcast operands, with every GEMM backend.
+#include <cmath>
 #include <limits>
+#include <random>
 
 #include "core/ops/linalg.h"
 #include "kernels/cpu/gemm.h"
 #include "testing.h"
+#include "tolerance.h"
 
 using namespace kiln;
 using namespace kiln::testing;
@@ -43,10 +46,7 @@ Tensor naive_matmul(const Tensor& a0, const Tensor& b0) {
   return tensor_of(out, {static_cast<int64_t>(out.size())}, DType::f64).reshape(shape);
 }
 
-std::vector<GemmBackend> backends() {
-  if (cpu::gemm_blas_available()) return {GemmBackend::blas, GemmBackend::eigen};
-  return {GemmBackend::eigen};
-}
+std::vector<GemmBackend> backends() { return cpu::gemm_backends(); }
 
 // Selects a GEMM backend for one scope.
 struct BackendScope {
@@ -150,6 +150,56 @@ TEST_CASE("matmul: the two GEMM backends agree", "[linalg]") {
       }
       KILN_CHECK_CLOSE(with_blas, with_eigen, 1e-12, 1e-12);
       KILN_CHECK_CLOSE(with_blas, naive_matmul(a, b), 1e-12, 1e-12);
+    }
+  }
+}
+
+TEST_CASE("gemm: f32 products large enough for oneDNN, on every backend", "[linalg]") {
+  const auto backend = GENERATE(from_range(backends()));
+  BackendScope scope(backend);
+  INFO(cpu::gemm_backend_name(backend));
+  // 96 x 100 x 70 is past the 2^19 multiply-adds from which the dnnl backend calls oneDNN;
+  // leading dimensions wider than the rows; alpha and beta as the primitive's output scale
+  // and sum post-op.
+  const int64_t m = 96, n = 100, k = 70, pad = 3;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal;
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      for (const auto& [alpha, beta] : {std::pair{1.0f, 0.0f}, {0.5f, 1.0f}, {-2.0f, 0.25f}}) {
+        INFO("trans_a " << ta << " trans_b " << tb << " alpha " << alpha << " beta " << beta);
+        const int64_t lda = (ta ? m : k) + pad, ldb = (tb ? k : n) + pad, ldc = n + pad;
+        auto random = [&](int64_t size) {
+          std::vector<float> v(static_cast<size_t>(size));
+          for (float& x : v) x = normal(rng);
+          return v;
+        };
+        const std::vector<float> a = random((ta ? k : m) * lda), b = random((tb ? n : k) * ldb);
+        std::vector<float> c = random(m * ldc);
+        const std::vector<float> c0 = c;
+        cpu::gemm(ta, tb, m, n, k, alpha, a.data(), lda, b.data(), ldb, beta, c.data(), ldc);
+        // Any order of the k products, the scaling and the addition of beta C is within
+        // gamma(k + 2) of the exact value relative to the magnitudes summed (tolerance.h).
+        const double bound = sum_error_bound(k + 2);
+        int64_t bad = 0;
+        for (int64_t i = 0; i < m; ++i) {
+          for (int64_t j = 0; j < n; ++j) {
+            double exact = 0, magnitude = 0;
+            for (int64_t p = 0; p < k; ++p) {
+              const double x = a[ta ? p * lda + i : i * lda + p], y = b[tb ? j * ldb + p : p * ldb + j];
+              exact += x * y;
+              magnitude += std::abs(x * y);
+            }
+            const double old = c0[i * ldc + j];
+            exact = alpha * exact + beta * old;
+            magnitude = std::abs(alpha) * magnitude + std::abs(beta * old);
+            if (std::abs(c[i * ldc + j] - exact) > bound * magnitude) ++bad;
+          }
+        }
+        CHECK(bad == 0);
+        for (int64_t i = 0; i < m; ++i)  // the padding between rows is not written
+          for (int64_t j = n; j < ldc; ++j) CHECK(c[i * ldc + j] == c0[i * ldc + j]);
+      }
     }
   }
 }
