@@ -9,6 +9,7 @@
 #include "autograd/node.h"
 #include "core/generator.h"
 #include "core/grad_mode.h"
+#include "core/ops/attention.h"
 #include "core/ops/conv.h"
 #include "core/ops/dropout.h"
 #include "core/ops/elementwise.h"
