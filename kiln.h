@@ -26,6 +26,7 @@
 #include "core/scalar.h"
 #include "core/tensor.h"
 #include "compiler/compile.h"
+#include "models/attention.h"
 #include "models/functional.h"
 #include "models/init.h"
 #include "models/layers.h"
