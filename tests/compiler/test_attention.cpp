@@ -1,13 +1,16 @@
 // scaled_dot_product_attention in traced and compiled functions: one node of the graph
 // (and one for its backward), an eager library step of the program, and compiled equals
 // eager bit for bit, dropout included (the program gives the forward the seed and offset
-// eager code draws, and the backward reads them from the forward's rng_state output).
+// eager code draws, and the backward reads them from the forward's rng_state output); a
+// TransformerEncoderLayer's training step (forward, backward, SGD) likewise.
 #include <cstring>
 #include <vector>
 
 #include "compiler/compile.h"
 #include "compiler_testing.h"
 #include "core/ops/attention.h"
+#include "models/attention.h"
+#include "optim/sgd.h"
 #include "testing.h"
 
 using namespace kiln;
@@ -69,4 +72,51 @@ TEST_CASE("attention: traced as one node with its backward, compiled equals eage
     CHECK(count_ops(g, "scaled_dot_product_attention_backward") == 1);
     CHECK(count_ops(g, "softmax") == 0);
   }
+}
+
+TEST_CASE("attention: a TransformerEncoderLayer's training step compiles as eager", "[attention][equiv]") {
+  const bool norm_first = GENERATE(false, true);
+  CAPTURE(norm_first);
+  auto make = [&] {
+    manual_seed(21);
+    return std::make_shared<nn::TransformerEncoderLayer>(
+        16, 4,
+        nn::TransformerEncoderLayerOptions{.dim_feedforward = 32, .dropout = 0.1, .activation = "gelu",
+                                           .batch_first = true, .norm_first = norm_first});
+  };
+  std::shared_ptr<nn::TransformerEncoderLayer> layer = make(), reference = make();
+  optim::SGD sgd(layer->parameters(), {.lr = 0.1}), reference_sgd(reference->parameters(), {.lr = 0.1});
+  Generator gen(22);
+  const Tensor x = randn({3, 11, 16}, {}, &gen), y = randn({3, 11, 16}, {}, &gen);
+  const Tensor padding = lt(rand({3, 11}, {}, &gen), 0.2);
+  auto step_of = [&](std::shared_ptr<nn::TransformerEncoderLayer> m, optim::SGD& opt) -> TracedFunction {
+    return [m, &opt, padding](const Args& a) -> Args {
+      const Tensor loss = mse_loss(m->forward(a[0], {}, padding), a[1]);
+      loss.backward();
+      opt.step();
+      return {loss.detach()};
+    };
+  };
+  CompiledFunction compiled = compile(step_of(layer, sgd), {.fullgraph = true, .trace = module_names(*layer)});
+  const TracedFunction eager = step_of(reference, reference_sgd);
+  for (int call = 0; call < 3; ++call) {
+    INFO("call " << call);
+    manual_seed(30 + static_cast<uint64_t>(call));
+    const Tensor got = compiled({x, y}).at(0);
+    layer->zero_grad();
+    manual_seed(30 + static_cast<uint64_t>(call));
+    const Tensor want = eager({x, y}).at(0);
+    reference->zero_grad();
+    INFO("loss " << got.item<double>() << " eager " << want.item<double>());
+    CHECK(same_bits(got, want));
+    const auto ref_params = reference->named_parameters();
+    size_t i = 0;
+    for (const auto& [name, p] : layer->named_parameters()) {
+      INFO(name);
+      CHECK(same_bits(p.detach(), ref_params.at(i++).second.detach()));
+    }
+  }
+  CHECK(compiled.recompiles() == 0);
+  CHECK(compiled.graph_breaks() == 0);
+  CHECK(count_ops(compiled.traces().at(0)->graph, "scaled_dot_product_attention") == 1);
 }
