@@ -4,9 +4,10 @@
 //
 // - forward: a block takes 16 queries of one head; thread (r, j) = (tid / 16, tid % 16).
 //   Per tile of 16 keys the block loads k and v into shared memory, thread (r, j) makes the
-//   score of query r and key j, and every thread of row r then updates the row's running
-//   maximum and sum (the online softmax; each of the 16 computes the same numbers) and its
-//   own output columns j, j + 16, ... At the end it writes out and the row log-sum-exp.
+//   score of query r and key j, every thread of row r then updates the row's running
+//   maximum and sum (the online softmax; each of the 16 computes the same numbers), thread
+//   (r, j) replaces its score by its (dropped) probability, and each thread updates its own
+//   output columns j, j + 16, ... At the end it writes out and the row log-sum-exp.
 // - backward: two kernels, so that no gradient is summed by atomics. grad_q: a block per 16
 //   queries, as the forward, recomputing P = exp(score - lse) and dS = P (dP Z - D) per key
 //   tile, D = rowsum(grad_out out); grad_k and grad_v: a block per 16 keys, walking the
@@ -62,7 +63,8 @@ const KernelFamily kForward("attention_forward", std::string(kCommon) + R"(
 extern "C" __global__ void __launch_bounds__(256) NAME(
     const T* q, const T* k, const T* v, const C* fmask, const bool* bmask, const long long* mask_base,
     long long mask_row, long long mask_col, long long L, long long S, int E, int Ev, C scale, int causal,
-    float p, C keep_scale, unsigned long long seed, unsigned long long offset, long long tiles, T* out, C* lse) {
+    float p, C keep_scale, unsigned long long seed, unsigned long long offset, long long tiles, T* out, C* lse,
+    long long* rng_state) {
   __shared__ C ks[TILE][MAXD];
   __shared__ C vs[TILE][MAXD];
   __shared__ C st[TILE][TILE];
@@ -70,6 +72,10 @@ extern "C" __global__ void __launch_bounds__(256) NAME(
   const int r = threadIdx.x / TILE, j = threadIdx.x % TILE;
   const long long row = r0 + r;
   const bool live = row < L;
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    rng_state[0] = (long long)seed;
+    rng_state[1] = (long long)offset;
+  }
   C acc[MAXD / TILE];
   for (int c = 0; c < MAXD / TILE; ++c) acc[c] = (C)0;
   C m = neg_inf(), sum = (C)0;
@@ -92,22 +98,23 @@ extern "C" __global__ void __launch_bounds__(256) NAME(
     __syncthreads();
     C tile_max = m;
     for (int jj = 0; jj < TILE; ++jj) tile_max = max(tile_max, st[r][jj]);
-    if (tile_max != neg_inf()) {
+    const bool any = tile_max != neg_inf();  // the same for the row's 16 threads
+    C s = (C)0;
+    if (any)
+      for (int jj = 0; jj < TILE; ++jj) s += exp(st[r][jj] - tile_max);
+    __syncthreads();
+    // The row's probabilities, dropped, replace its scores (each thread its own key's).
+    if (any) st[r][j] = exp(score - tile_max) * drop_factor(b, row, c0 + j, L, S, p, keep_scale, seed, offset);
+    __syncthreads();
+    if (any) {
       const C rescale = exp(m - tile_max);
-      C pj[TILE];
-      C s = (C)0;
-      for (int jj = 0; jj < TILE; ++jj) {
-        const C e = exp(st[r][jj] - tile_max);
-        s += e;
-        pj[jj] = e * drop_factor(b, row, c0 + jj, L, S, p, keep_scale, seed, offset);
-      }
       sum = sum * rescale + s;
       m = tile_max;
       for (int c = 0; c < MAXD / TILE; ++c) {
         const int col = j + c * TILE;
         if (col >= Ev) break;
         C a = acc[c] * rescale;
-        for (int jj = 0; jj < TILE; ++jj) a += pj[jj] * vs[jj][col];
+        for (int jj = 0; jj < TILE; ++jj) a += st[r][jj] * vs[jj][col];
         acc[c] = a;
       }
     }
@@ -129,8 +136,8 @@ const KernelFamily kBackwardQuery("attention_backward_query", std::string(kCommo
 extern "C" __global__ void __launch_bounds__(256) NAME(
     const T* g, const T* q, const T* k, const T* v, const T* o, const C* lse, const C* fmask, const bool* bmask,
     const long long* mask_base, long long mask_row, long long mask_col, long long L, long long S, int E, int Ev,
-    C scale, int causal, float p, C keep_scale, unsigned long long seed, unsigned long long offset, long long tiles,
-    T* dq) {
+    C scale, int causal, float p, C keep_scale, const long long* rng_state, long long tiles, T* dq) {
+  const unsigned long long seed = (unsigned long long)rng_state[0], offset = (unsigned long long)rng_state[1];
   __shared__ C ks[TILE][MAXD];
   __shared__ C vs[TILE][MAXD];
   __shared__ C st[TILE][TILE];
@@ -190,8 +197,8 @@ const KernelFamily kBackwardKey("attention_backward_key", std::string(kCommon) +
 extern "C" __global__ void __launch_bounds__(256) NAME(
     const T* g, const T* q, const T* k, const T* v, const T* o, const C* lse, const C* fmask, const bool* bmask,
     const long long* mask_base, long long mask_row, long long mask_col, long long L, long long S, int E, int Ev,
-    C scale, int causal, float p, C keep_scale, unsigned long long seed, unsigned long long offset, long long tiles,
-    T* dk, T* dv) {
+    C scale, int causal, float p, C keep_scale, const long long* rng_state, long long tiles, T* dk, T* dv) {
+  const unsigned long long seed = (unsigned long long)rng_state[0], offset = (unsigned long long)rng_state[1];
   __shared__ C qs[TILE][MAXD];
   __shared__ C gs[TILE][MAXD];
   __shared__ C pt[TILE][TILE];
@@ -327,8 +334,10 @@ void launch(const KernelFamily& family, DType dtype, const Tensor& where, long l
 void attention_forward(Span in, Span out, const Attrs& a) {
   const Tensor q = in[0].contiguous(), k = in[1].contiguous(), v = in[2].contiguous();
   const Problem pr("scaled_dot_product_attention", q, k, v, in[3]);
-  Tensor(out[2]).copy_(from_vector<int64_t>({a.i("seed"), a.i("offset")}));
-  if (pr.batch * pr.L == 0) return;
+  if (pr.batch * pr.L == 0) {
+    Tensor(out[2]).copy_(from_vector<int64_t>({a.i("seed"), a.i("offset")}));
+    return;
+  }
   const Contiguous o(out[0]), lse(out[1]);
   const long long tiles = pr.tiles(pr.L);
   launch(kForward, q.dtype(), q, pr.batch * tiles,
@@ -338,7 +347,7 @@ void attention_forward(Span in, Span out, const Attrs& a) {
                     static_cast<int>(pr.Ev)},
          a.f("scale"), a.b("is_causal") ? 1 : 0, a.f("dropout_p"),
          std::tuple{static_cast<unsigned long long>(a.i("seed")), static_cast<unsigned long long>(a.i("offset")), tiles,
-                    o.ptr(), lse.ptr()});
+                    o.ptr(), lse.ptr(), out[2].data_ptr()});
   o.finish();
   lse.finish();
 }
@@ -347,9 +356,7 @@ void attention_backward(Span in, Span out, const Attrs& a) {
   const Tensor g = in[0].contiguous(), q = in[1].contiguous(), k = in[2].contiguous(), v = in[3].contiguous(),
                o = in[5].contiguous(), lse = in[6].contiguous();
   const Problem pr("scaled_dot_product_attention_backward", q, k, v, in[4]);
-  const Tensor rng = in[7].to(Device::cpu());
-  const auto seed = static_cast<unsigned long long>(rng.data_ptr<int64_t>()[0]);
-  const auto offset = static_cast<unsigned long long>(rng.data_ptr<int64_t>()[1]);
+  const Tensor rng = in[7].contiguous();  // read by the kernels: no synchronization
   const Contiguous dq(out[0]), dk(out[1]), dv(out[2]);
   if (pr.batch * pr.L * pr.S == 0) {
     for (const Tensor& t : out) Tensor(t).zero_();
@@ -363,9 +370,9 @@ void attention_backward(Span in, Span out, const Attrs& a) {
   const int causal = a.b("is_causal") ? 1 : 0;
   const long long query_tiles = pr.tiles(pr.L), key_tiles = pr.tiles(pr.S);
   launch(kBackwardQuery, q.dtype(), q, pr.batch * query_tiles, common, scale, causal, p,
-         std::tuple{seed, offset, query_tiles, dq.ptr()});
+         std::tuple{rng.data_ptr(), query_tiles, dq.ptr()});
   launch(kBackwardKey, q.dtype(), q, pr.batch * key_tiles, common, scale, causal, p,
-         std::tuple{seed, offset, key_tiles, dk.ptr(), dv.ptr()});
+         std::tuple{rng.data_ptr(), key_tiles, dk.ptr(), dv.ptr()});
   dq.finish();
   dk.finish();
   dv.finish();
