@@ -247,3 +247,36 @@ TEST_CASE("attention: bad inputs are errors naming the op and the inputs", "[att
   CHECK_THROWS_WITH(scaled_dot_product_attention(q.to(DType::i64), k.to(DType::i64), v.to(DType::i64)),
                     Contains("floating"));
 }
+
+TEST_CASE("attention: autocast runs it in bf16 and gradients reach the f32 leaves", "[attention][autocast]") {
+  Generator gen(11);
+  Tensor q = randn({2, 9, 8}, {}, &gen), k = randn({2, 13, 8}, {}, &gen), v = randn({2, 13, 4}, {}, &gen);
+  for (Tensor* t : {&q, &k, &v}) t->requires_grad_();
+  Tensor out;
+  {
+    autocast guard({.dtype = DType::bf16});
+    out = scaled_dot_product_attention(q, k, v, {.is_causal = true});
+  }
+  CHECK(out.dtype() == DType::bf16);
+  // The same op on the inputs rounded to bf16, which is what autocast gives it.
+  const Tensor want = scaled_dot_product_attention(q.detach().to(DType::bf16), k.detach().to(DType::bf16),
+                                                   v.detach().to(DType::bf16), {.is_causal = true});
+  KILN_CHECK_EQUAL(out, want);
+  sum(out.to(DType::f32)).backward();
+  for (const Tensor* t : {&q, &k, &v}) {
+    REQUIRE(t->grad().defined());
+    CHECK(t->grad().dtype() == DType::f32);
+    CHECK(t->grad().shape() == t->shape());
+  }
+}
+
+TEST_CASE("attention: inputs on two devices are an error naming them", "[attention][errors]") {
+  // The shape rule alone: no second device is needed to build its metas.
+  const OpDef& op = find_op("scaled_dot_product_attention");
+  const TensorMeta q{{2, 5, 8}, DType::f32, Device::cpu()}, k{{2, 7, 8}, DType::f32, Device::cuda(0)},
+      v{{2, 7, 4}, DType::f32, Device::cpu()}, none{.defined = false};
+  const TensorMeta in[] = {q, k, v, none};
+  const Attrs attrs{{"is_causal", false}, {"dropout_p", 0.0}, {"scale", 1.0}, {"seed", int64_t{0}}, {"offset", int64_t{0}}};
+  CHECK_THROWS_WITH(op.infer(std::span<const TensorMeta>(in), attrs), Catch::Matchers::Contains("scaled_dot_product_attention") &&
+                                             Catch::Matchers::Contains("cuda:0") && Catch::Matchers::Contains("cpu"));
+}
