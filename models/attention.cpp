@@ -135,7 +135,7 @@ MultiheadAttentionResult MultiheadAttention::forward(const Tensor& query, const 
   if (!call.need_weights) {
     attended = scaled_dot_product_attention(q, k, v, {.attn_mask = mask, .is_causal = call.is_causal, .dropout_p = p});
   } else {
-    // The math path, which holds the probabilities it returns (before dropout, as PyTorch).
+    // The math path, which holds the probabilities it returns (after dropout, as PyTorch's).
     Tensor scores = mul(matmul(q, k.transpose(-2, -1)), 1.0 / std::sqrt(static_cast<double>(D)));
     if (call.is_causal) {
       const Tensor rows = arange(L, {.device = q.device()}).unsqueeze(1);
@@ -144,8 +144,8 @@ MultiheadAttentionResult MultiheadAttention::forward(const Tensor& query, const 
     }
     if (mask.defined())
       scores = mask.dtype() == DType::boolean ? where(mask, scores, -kInf) : kiln::add(scores, mask);
-    const Tensor probs = softmax(scores, -1);
-    attended = matmul(p > 0 ? dropout(probs, p, true) : probs, v);
+    const Tensor probs = p > 0 ? dropout(softmax(scores, -1), p, true) : softmax(scores, -1);
+    attended = matmul(probs, v);
     result.weights = call.average_attn_weights ? mean(probs, {1}) : probs;
   }
   // [N, H, L, D] -> [N, L, E], projected; back to [L, N, E] unless batch first.

@@ -23,7 +23,8 @@ struct MultiheadAttentionOptions {
 struct MultiheadAttentionCall {
   Tensor key_padding_mask = {};  // [N, S]: keys to ignore per sequence
   Tensor attn_mask = {};         // [L, S] or [N * num_heads, L, S]
-  bool need_weights = false;     // also return the attention probabilities (math path)
+  bool need_weights = false;     // also return the attention probabilities, after dropout
+                                 // as PyTorch's (the math path)
   bool average_attn_weights = true;  // the weights averaged over the heads
   bool is_causal = false;        // key s > query l is masked (as attn_mask's causal mask)
 };

@@ -1,5 +1,6 @@
 // MultiheadAttention and TransformerEncoderLayer against references written head by head
 // from ops (matmul, softmax), in f64, and their parameters against PyTorch's names.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -185,4 +186,25 @@ TEST_CASE("TransformerEncoderLayer matches its composition from ops", "[attentio
   KILN_CHECK_CLOSE(dropped.forward(x, {}, padding), want, 0, 1e-12);
   dropped.train();
   CHECK_FALSE(allclose(dropped.forward(x, {}, padding), want, 0, 1e-6));
+}
+
+TEST_CASE("MultiheadAttention's dropout: the fused and the weights paths drop the same probabilities",
+          "[attention][layers]") {
+  manual_seed(8);
+  nn::MultiheadAttention m(8, 2, {.dropout = 0.4, .batch_first = true});
+  m.to(DType::f64);
+  Generator gen(9);
+  const Tensor x = randn({2, 6, 8}, {.dtype = DType::f64}, &gen);
+  manual_seed(10);
+  const Tensor fused = m.forward(x, x, x).output;
+  manual_seed(10);
+  const nn::MultiheadAttentionResult math =
+      m.forward(x, x, x, {.need_weights = true, .average_attn_weights = false});
+  KILN_CHECK_CLOSE(fused, math.output, 0, 1e-12);
+  // The weights are after dropout, as PyTorch returns them: kept ones scaled by 1 / (1 - p).
+  const std::vector<double> w = values(math.weights);
+  CHECK(std::count(w.begin(), w.end(), 0.0) > 0);
+  m.eval();
+  const nn::MultiheadAttentionResult eval = m.forward(x, x, x, {.need_weights = true});
+  KILN_CHECK_CLOSE(sum(eval.weights, {-1}), ones({2, 6}, {.dtype = DType::f64}), 0, 1e-12);
 }
