@@ -49,9 +49,10 @@ struct Measure {
   double ms = 0, extra_peak_mib = 0;
 };
 
-// One forward and backward: its time, and the peak of live tensor bytes above what was live
-// before (the inputs and the output gradient).
+// One forward and backward after a warm-up one: its time, and the peak of live tensor bytes
+// above what was live before (the inputs and the output gradient).
 Measure measure(const std::function<void()>& f) {
+  f();
   empty_cpu_cache();
   const int64_t before = memory_stats().allocated;
   reset_peak_memory();
