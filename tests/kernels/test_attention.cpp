@@ -280,3 +280,19 @@ TEST_CASE("attention: inputs on two devices are an error naming them", "[attenti
   CHECK_THROWS_WITH(op.infer(std::span<const TensorMeta>(in), attrs), Catch::Matchers::Contains("scaled_dot_product_attention") &&
                                              Catch::Matchers::Contains("cuda:0") && Catch::Matchers::Contains("cpu"));
 }
+
+TEST_CASE("attention: empty sequences", "[attention]") {
+  // No queries: an empty output. No keys: every row is empty of keys, so zeros, and zero
+  // gradients.
+  Tensor q = randn({2, 0, 4}), k = randn({2, 3, 4}), v = randn({2, 3, 5});
+  CHECK(scaled_dot_product_attention(q, k, v).shape() == Shape{2, 0, 5});
+  q = randn({2, 3, 4});
+  k = randn({2, 0, 4});
+  v = randn({2, 0, 5});
+  const AttentionResult r = scaled_dot_product_attention_with_stats(q, k, v);
+  KILN_CHECK_EQUAL(r.out, zeros({2, 3, 5}));
+  const AttentionGrads g = scaled_dot_product_attention_backward(ones({2, 3, 5}), q, k, v, {}, r.out, r.logsumexp,
+                                                                 r.rng_state, false, 0.0, 0.5);
+  KILN_CHECK_EQUAL(g.grad_q, zeros({2, 3, 4}));
+  CHECK(g.grad_k.shape() == Shape{2, 0, 4});
+}
