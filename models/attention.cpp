@@ -1,10 +1,10 @@
 // MultiheadAttention and TransformerEncoderLayer (models/attention.h).
 #include "models/attention.h"
 
+#include <fmt/format.h>
+
 #include <cmath>
 #include <limits>
-
-#include <fmt/format.h>
 
 #include "core/ops/attention.h"
 #include "core/ops/dropout.h"
@@ -30,8 +30,8 @@ Tensor additive(const Tensor& mask, DType dtype) {
 
 // key_padding_mask [N, S] and attn_mask [L, S] or [N * H, L, S] as one mask for the scores
 // [N, H, L, S] in scaled_dot_product_attention's convention; undefined when neither is given.
-Tensor merged_mask(const MultiheadAttentionCall& call, int64_t n, int64_t heads, int64_t L, int64_t S,
-                   DType dtype) {
+Tensor merged_mask(const MultiheadAttentionCall& call, int64_t n, int64_t heads, int64_t L,
+                   int64_t S, DType dtype) {
   Tensor padding, attn;
   if (call.key_padding_mask.defined()) {
     KILN_CHECK(call.key_padding_mask.shape() == Shape({n, S}),
@@ -69,7 +69,8 @@ MultiheadAttention::MultiheadAttention(int64_t embed_dim, int64_t num_heads,
     : embed_dim_(embed_dim),
       num_heads_(num_heads),
       options_(options),
-      out_proj_(embed_dim > 0 ? embed_dim : 1, embed_dim > 0 ? embed_dim : 1, {.bias = options.bias}) {
+      out_proj_(embed_dim > 0 ? embed_dim : 1, embed_dim > 0 ? embed_dim : 1,
+                {.bias = options.bias}) {
   KILN_CHECK(embed_dim > 0 && num_heads > 0 && embed_dim % num_heads == 0,
              "MultiheadAttention: embed_dim ({}) must be a positive multiple of num_heads ({})",
              embed_dim, num_heads);
@@ -110,7 +111,9 @@ MultiheadAttentionResult MultiheadAttention::forward(const Tensor& query, const 
              query.meta_str(), key.meta_str(), value.meta_str());
 
   const Tensor w = in_proj_weight(), b = in_proj_bias();
-  auto part = [&](const Tensor& t, int64_t i) { return t.defined() ? t.slice(0, i * E, (i + 1) * E) : t; };
+  auto part = [&](const Tensor& t, int64_t i) {
+    return t.defined() ? t.slice(0, i * E, (i + 1) * E) : t;
+  };
   Tensor q, k, v;
   if (query.same(key) && key.same(value)) {  // self-attention: one projection
     const Tensor qkv = functional::linear(x_q, w, b);
@@ -133,7 +136,8 @@ MultiheadAttentionResult MultiheadAttention::forward(const Tensor& query, const 
   MultiheadAttentionResult result;
   Tensor attended;  // [N, H, L, D]
   if (!call.need_weights) {
-    attended = scaled_dot_product_attention(q, k, v, {.attn_mask = mask, .is_causal = call.is_causal, .dropout_p = p});
+    attended = scaled_dot_product_attention(
+        q, k, v, {.attn_mask = mask, .is_causal = call.is_causal, .dropout_p = p});
   } else {
     // The math path, which holds the probabilities it returns (after dropout, as PyTorch's).
     Tensor scores = mul(matmul(q, k.transpose(-2, -1)), 1.0 / std::sqrt(static_cast<double>(D)));
@@ -143,7 +147,8 @@ MultiheadAttentionResult MultiheadAttention::forward(const Tensor& query, const 
       scores = where(ge(rows, cols), scores, -kInf);
     }
     if (mask.defined())
-      scores = mask.dtype() == DType::boolean ? where(mask, scores, -kInf) : kiln::add(scores, mask);
+      scores =
+          mask.dtype() == DType::boolean ? where(mask, scores, -kInf) : kiln::add(scores, mask);
     const Tensor probs = p > 0 ? dropout(softmax(scores, -1), p, true) : softmax(scores, -1);
     attended = matmul(probs, v);
     result.weights = call.average_attn_weights ? mean(probs, {1}) : probs;
@@ -158,8 +163,8 @@ MultiheadAttentionResult MultiheadAttention::forward(const Tensor& query, const 
 Tensor MultiheadAttention::forward(const Tensor& x) { return forward(x, x, x).output; }
 
 std::string MultiheadAttention::extra_repr() const {
-  return fmt::format("embed_dim={}, num_heads={}, dropout={}, batch_first={}", embed_dim_, num_heads_,
-                     options_.dropout, options_.batch_first ? "True" : "False");
+  return fmt::format("embed_dim={}, num_heads={}, dropout={}, batch_first={}", embed_dim_,
+                     num_heads_, options_.dropout, options_.batch_first ? "True" : "False");
 }
 
 // ---- TransformerEncoderLayer ----
@@ -174,8 +179,10 @@ TransformerEncoderLayer::TransformerEncoderLayer(int64_t d_model, int64_t nhead,
       linear1_(add("linear1", Linear(d_model, options.dim_feedforward, {.bias = options.bias}))),
       dropout_(add("dropout", Dropout(options.dropout))),
       linear2_(add("linear2", Linear(options.dim_feedforward, d_model, {.bias = options.bias}))),
-      norm1_(add("norm1", LayerNorm({d_model}, {.eps = options.layer_norm_eps, .bias = options.bias}))),
-      norm2_(add("norm2", LayerNorm({d_model}, {.eps = options.layer_norm_eps, .bias = options.bias}))),
+      norm1_(add("norm1",
+                 LayerNorm({d_model}, {.eps = options.layer_norm_eps, .bias = options.bias}))),
+      norm2_(add("norm2",
+                 LayerNorm({d_model}, {.eps = options.layer_norm_eps, .bias = options.bias}))),
       dropout1_(add("dropout1", Dropout(options.dropout))),
       dropout2_(add("dropout2", Dropout(options.dropout))) {
   KILN_CHECK(options.activation == "relu" || options.activation == "gelu",
@@ -185,8 +192,8 @@ TransformerEncoderLayer::TransformerEncoderLayer(int64_t d_model, int64_t nhead,
 
 Tensor TransformerEncoderLayer::self_attention_block(const Tensor& x, const Tensor& mask,
                                                      const Tensor& padding, bool is_causal) {
-  const MultiheadAttentionResult r =
-      self_attn_.forward(x, x, x, {.key_padding_mask = padding, .attn_mask = mask, .is_causal = is_causal});
+  const MultiheadAttentionResult r = self_attn_.forward(
+      x, x, x, {.key_padding_mask = padding, .attn_mask = mask, .is_causal = is_causal});
   return dropout1_(r.output);
 }
 

@@ -12,21 +12,21 @@
 namespace kiln::nn {
 
 struct MultiheadAttentionOptions {
-  double dropout = 0.0;     // on the attention probabilities, in training mode
-  bool bias = true;         // in_proj_bias and out_proj.bias
-  bool batch_first = false; // inputs [N, L, E] (true) or [L, N, E] (false), as PyTorch
+  double dropout = 0.0;      // on the attention probabilities, in training mode
+  bool bias = true;          // in_proj_bias and out_proj.bias
+  bool batch_first = false;  // inputs [N, L, E] (true) or [L, N, E] (false), as PyTorch
 };
 
 // What a MultiheadAttention call may be given besides query, key and value. The masks
 // follow nn.MultiheadAttention's convention: a bool entry that is true is NOT attended to
 // (the opposite of scaled_dot_product_attention's), a floating one is added to the scores.
 struct MultiheadAttentionCall {
-  Tensor key_padding_mask = {};  // [N, S]: keys to ignore per sequence
-  Tensor attn_mask = {};         // [L, S] or [N * num_heads, L, S]
-  bool need_weights = false;     // also return the attention probabilities, after dropout
-                                 // as PyTorch's (the math path)
+  Tensor key_padding_mask = {};      // [N, S]: keys to ignore per sequence
+  Tensor attn_mask = {};             // [L, S] or [N * num_heads, L, S]
+  bool need_weights = false;         // also return the attention probabilities, after dropout
+                                     // as PyTorch's (the math path)
   bool average_attn_weights = true;  // the weights averaged over the heads
-  bool is_causal = false;        // key s > query l is masked (as attn_mask's causal mask)
+  bool is_causal = false;            // key s > query l is masked (as attn_mask's causal mask)
 };
 
 struct MultiheadAttentionResult {
@@ -76,7 +76,8 @@ struct TransformerEncoderLayerOptions {
 // dropout2) and a LayerNorm (norm1, norm2), with PyTorch's child names.
 class TransformerEncoderLayer : public Module {
  public:
-  TransformerEncoderLayer(int64_t d_model, int64_t nhead, TransformerEncoderLayerOptions options = {});
+  TransformerEncoderLayer(int64_t d_model, int64_t nhead,
+                          TransformerEncoderLayerOptions options = {});
   // src_mask and src_key_padding_mask as MultiheadAttention's attn_mask and key_padding_mask.
   Tensor forward(const Tensor& src, const Tensor& src_mask, const Tensor& src_key_padding_mask = {},
                  bool is_causal = false);
@@ -85,7 +86,8 @@ class TransformerEncoderLayer : public Module {
   const TransformerEncoderLayerOptions& options() const { return options_; }
 
  private:
-  Tensor self_attention_block(const Tensor& x, const Tensor& mask, const Tensor& padding, bool is_causal);
+  Tensor self_attention_block(const Tensor& x, const Tensor& mask, const Tensor& padding,
+                              bool is_causal);
   Tensor feed_forward_block(const Tensor& x);
 
   TransformerEncoderLayerOptions options_;

@@ -4,15 +4,14 @@
 // then one line with the growth of the extra peak memory from the shortest to the longest N:
 // the op's is linear in N (its logsumexp and one row vector per head), the math path's
 // quadratic.
+#include <fmt/format.h>
+#include <kiln.h>
+
 #include <algorithm>
 #include <chrono>
 #include <functional>
 #include <string>
 #include <vector>
-
-#include <fmt/format.h>
-
-#include <kiln.h>
 
 #include "tools/bench_common.h"
 
@@ -21,7 +20,8 @@ namespace {
 
 struct AttentionBenchOptions {
   int64_t max_n = 4096, min_n = 512, heads = 2, dim = 64;
-  int64_t math_max_n = 4096;  // the longest N the math path runs (it needs ~6 * heads * N^2 * 4 bytes)
+  int64_t math_max_n =
+      4096;  // the longest N the math path runs (it needs ~6 * heads * N^2 * 4 bytes)
 };
 
 AttentionBenchOptions parse_options(int argc, char** argv) {
@@ -30,12 +30,18 @@ AttentionBenchOptions parse_options(int argc, char** argv) {
     const std::string option = argv[i];
     KILN_CHECK(i + 1 < argc, "kiln-bench attention: {} needs a value", option);
     const int64_t v = parse_integer("kiln-bench attention", option, argv[++i]);
-    if (option == "--max-n") o.max_n = v;
-    else if (option == "--min-n") o.min_n = v;
-    else if (option == "--heads") o.heads = v;
-    else if (option == "--dim") o.dim = v;
-    else if (option == "--math-max-n") o.math_max_n = v;
-    else fail("kiln-bench attention: unknown option {}", option);
+    if (option == "--max-n")
+      o.max_n = v;
+    else if (option == "--min-n")
+      o.min_n = v;
+    else if (option == "--heads")
+      o.heads = v;
+    else if (option == "--dim")
+      o.dim = v;
+    else if (option == "--math-max-n")
+      o.math_max_n = v;
+    else
+      fail("kiln-bench attention: unknown option {}", option);
   }
   check_range("kiln-bench attention: --max-n", o.max_n, 1, 1 << 17);
   check_range("kiln-bench attention: --min-n", o.min_n, 1, o.max_n);
@@ -70,7 +76,8 @@ int bench_attention(int argc, char** argv) {
   manual_seed(0);
   std::vector<std::pair<int64_t, Measure>> fused, math;
   for (int64_t n = o.min_n; n <= o.max_n; n *= 2) {
-    Tensor q = randn({1, o.heads, n, o.dim}), k = randn({1, o.heads, n, o.dim}), v = randn({1, o.heads, n, o.dim});
+    Tensor q = randn({1, o.heads, n, o.dim}), k = randn({1, o.heads, n, o.dim}),
+           v = randn({1, o.heads, n, o.dim});
     const Tensor g = randn({1, o.heads, n, o.dim});
     for (Tensor* t : {&q, &k, &v}) t->requires_grad_();
     auto run = [&](bool use_math) {
@@ -87,23 +94,31 @@ int bench_attention(int argc, char** argv) {
     if (n <= o.math_max_n) {
       const Measure m = run(true);
       math.emplace_back(n, m);
-      math_fields = fmt::format(R"(,"math_ms":{:.1f},"math_extra_peak_mib":{:.2f})", m.ms, m.extra_peak_mib);
+      math_fields =
+          fmt::format(R"(,"math_ms":{:.1f},"math_extra_peak_mib":{:.2f})", m.ms, m.extra_peak_mib);
     }
-    fmt::print(R"({{"bench":"attention","n":{},"heads":{},"dim":{},"dtype":"f32","causal":true,"ms":{:.1f},"extra_peak_mib":{:.2f}{}{}}})" "\n",
-               n, o.heads, o.dim, f.ms, f.extra_peak_mib, math_fields, blas_field());
+    fmt::print(
+        R"({{"bench":"attention","n":{},"heads":{},"dim":{},"dtype":"f32","causal":true,"ms":{:.1f},"extra_peak_mib":{:.2f}{}{}}})"
+        "\n",
+        n, o.heads, o.dim, f.ms, f.extra_peak_mib, math_fields, blas_field());
   }
   auto growth = [](const std::vector<std::pair<int64_t, Measure>>& runs) {
-    return runs.size() < 2 ? 0.0 : runs.back().second.extra_peak_mib / runs.front().second.extra_peak_mib;
+    return runs.size() < 2 ? 0.0
+                           : runs.back().second.extra_peak_mib / runs.front().second.extra_peak_mib;
   };
   if (fused.size() >= 2) {
-    const double n_ratio = static_cast<double>(fused.back().first) / static_cast<double>(fused.front().first);
+    const double n_ratio =
+        static_cast<double>(fused.back().first) / static_cast<double>(fused.front().first);
     std::string math_growth;
     if (math.size() >= 2)
-      math_growth = fmt::format(R"(,"math_n_ratio":{:.0f},"math_extra_peak_growth":{:.2f})",
-                                static_cast<double>(math.back().first) / static_cast<double>(math.front().first),
-                                growth(math));
-    fmt::print(R"({{"bench":"attention_memory_growth","n_ratio":{:.0f},"extra_peak_growth":{:.2f}{},"note":"linear in N: growth ~ n_ratio; quadratic: ~ n_ratio^2"}})" "\n",
-               n_ratio, growth(fused), math_growth);
+      math_growth = fmt::format(
+          R"(,"math_n_ratio":{:.0f},"math_extra_peak_growth":{:.2f})",
+          static_cast<double>(math.back().first) / static_cast<double>(math.front().first),
+          growth(math));
+    fmt::print(
+        R"({{"bench":"attention_memory_growth","n_ratio":{:.0f},"extra_peak_growth":{:.2f}{},"note":"linear in N: growth ~ n_ratio; quadratic: ~ n_ratio^2"}})"
+        "\n",
+        n_ratio, growth(fused), math_growth);
   }
   return 0;
 }

@@ -26,11 +26,11 @@ Shape check_qkv(const TensorMeta& q, const TensorMeta& k, const TensorMeta& v,
                 const TensorMeta* mask, std::span<const TensorMeta> in, const char* op) {
   KILN_CHECK(is_floating(q.dtype) && q.dtype == k.dtype && q.dtype == v.dtype,
              "{}: q, k and v must be floating tensors of one dtype, got {}", op, metas_str(in));
-  KILN_CHECK(q.shape.size() >= 2 && k.shape.size() == q.shape.size() &&
-                 v.shape.size() == q.shape.size(),
-             "{}: q [..., L, E], k [..., S, E] and v [..., S, Ev] must have the same rank (at least "
-             "2), got {}",
-             op, metas_str(in));
+  KILN_CHECK(
+      q.shape.size() >= 2 && k.shape.size() == q.shape.size() && v.shape.size() == q.shape.size(),
+      "{}: q [..., L, E], k [..., S, E] and v [..., S, Ev] must have the same rank (at least "
+      "2), got {}",
+      op, metas_str(in));
   KILN_CHECK(leading(q.shape) == leading(k.shape) && leading(q.shape) == leading(v.shape),
              "{}: q, k and v must have the same leading (batch) dims, got {}", op, metas_str(in));
   const size_t r = q.shape.size();
@@ -86,10 +86,10 @@ std::vector<TensorMeta> infer_backward(std::span<const TensorMeta> in, const Att
   Shape out = q.shape, lse = leading(q.shape);
   out.back() = v.shape.back();
   lse.push_back(q.shape[q.shape.size() - 2]);
-  KILN_CHECK(in[0].shape == out && in[5].shape == out && in[0].dtype == q.dtype &&
-                 in[5].dtype == q.dtype,
-             "{}: grad_out and out must be {}{} like the forward's output, got {}",
-             kBackwardName, q.dtype, shape_str(out), metas_str(in));
+  KILN_CHECK(
+      in[0].shape == out && in[5].shape == out && in[0].dtype == q.dtype && in[5].dtype == q.dtype,
+      "{}: grad_out and out must be {}{} like the forward's output, got {}", kBackwardName, q.dtype,
+      shape_str(out), metas_str(in));
   KILN_CHECK(in[6].shape == lse && in[6].dtype == stats_dtype(q.dtype),
              "{}: logsumexp must be {}{}, got {}", kBackwardName, stats_dtype(q.dtype),
              shape_str(lse), metas_str(in));

@@ -32,11 +32,11 @@
 namespace kiln {
 
 struct AttentionOptions {
-  Tensor attn_mask = {};                // bool or floating, broadcastable to [..., L, S]
-  bool is_causal = false;               // key s takes part in query l only when s <= l
-  double dropout_p = 0.0;               // on the probabilities, in [0, 1]
-  std::optional<double> scale = {};     // 1 / sqrt(E) when not given
-  Generator* generator = nullptr;       // for dropout: the default one when null
+  Tensor attn_mask = {};             // bool or floating, broadcastable to [..., L, S]
+  bool is_causal = false;            // key s takes part in query l only when s <= l
+  double dropout_p = 0.0;            // on the probabilities, in [0, 1]
+  std::optional<double> scale = {};  // 1 / sqrt(E) when not given
+  Generator* generator = nullptr;    // for dropout: the default one when null
 };
 
 // The scale the scores are multiplied by: options.scale, or 1 / sqrt(E) for q [..., L, E].

@@ -46,8 +46,8 @@ template <class T>
 Matrices<T> matrices_of(Tensor& t, int64_t batch, bool any_col = false) {
   if (t.dtype() != dtype_v<T>) t = t.to(dtype_v<T>);
   if (!any_col && t.stride(-1) != 1) t = t.contiguous();
-  Matrices<T> m{t.data_ptr<T>(), std::vector<int64_t>(static_cast<size_t>(batch)),
-                t.stride(-2), t.stride(-1)};
+  Matrices<T> m{t.data_ptr<T>(), std::vector<int64_t>(static_cast<size_t>(batch)), t.stride(-2),
+                t.stride(-1)};
   const int64_t nd = t.dim() - 2;
   for (int64_t b = 0; b < batch; ++b) {
     int64_t rest = b, offset = 0;
@@ -68,7 +68,7 @@ struct Problem {
   bool causal = false;
   Matrices<bool> bool_mask;  // data null when absent
   Matrices<C> float_mask;
-  double p = 0;               // dropout
+  double p = 0;  // dropout
   uint64_t seed = 0, offset = 0;
   C keep_scale = 1;
 
@@ -190,7 +190,7 @@ void forward(Span in, Span out, const Attrs& attrs) {
           sum[static_cast<size_t>(i)] = sum[static_cast<size_t>(i)] * rescale + s;
           max[static_cast<size_t>(i)] = m;
           if (rescale != C(1))
-            for (C* a = acc.data() + i * Ev, *e = a + Ev; a < e; ++a) *a *= rescale;
+            for (C *a = acc.data() + i * Ev, *e = a + Ev; a < e; ++a) *a *= rescale;
         }
         // acc += probabilities (unnormalized, dropped) @ v[c0:]
         gemm(false, false, nr, Ev, nc, C(1), st.data(), kCols, mv.at(b, c0), mv.row, C(1),
@@ -301,10 +301,12 @@ void by_compute_type(Span in, Span out, const Attrs& attrs) {
   else
     F<float>::run(in, out, attrs);
 }
-template <class C> struct Forward {
+template <class C>
+struct Forward {
   static void run(Span in, Span out, const Attrs& a) { forward<C>(in, out, a); }
 };
-template <class C> struct Backward {
+template <class C>
+struct Backward {
   static void run(Span in, Span out, const Attrs& a) { backward<C>(in, out, a); }
 };
 

@@ -129,7 +129,7 @@ extern "C" __global__ void __launch_bounds__(256) NAME(
   if (j == 0) lse[b * L + row] = sum > (C)0 ? m + log(sum) : neg_inf();
 }
 )",
-                                   kFloatDTypes);
+                            kFloatDTypes);
 
 // grad_q: a block per 16 queries. g and o [B, L, Ev]; dq [B, L, E].
 const KernelFamily kBackwardQuery("attention_backward_query", std::string(kCommon) + R"(
@@ -189,7 +189,7 @@ extern "C" __global__ void __launch_bounds__(256) NAME(
   }
 }
 )",
-                                         kFloatDTypes);
+                                  kFloatDTypes);
 
 // grad_k and grad_v: a block per 16 keys; thread (kk, i) = (tid / 16, tid % 16) pairs key
 // kk with query i of each query tile.
@@ -267,7 +267,7 @@ extern "C" __global__ void __launch_bounds__(256) NAME(
   }
 }
 )",
-                                       kFloatDTypes);
+                                kFloatDTypes);
 
 // The sizes of a call and its mask as the kernels take them.
 struct Problem {
@@ -276,20 +276,22 @@ struct Problem {
   Tensor fmask, bmask, mask_base;  // the mask broadcast to [..., L, S]; its heads' offsets
   int64_t mask_row = 0, mask_col = 0;
 
-  Problem(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask) : op(op) {
+  Problem(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask)
+      : op(op) {
     L = q.size(-2);
     S = k.size(-2);
     E = q.size(-1);
     Ev = v.size(-1);
     for (int64_t d = 0; d + 2 < q.dim(); ++d) batch *= q.size(d);
     KILN_CHECK(E <= kMaxDim && Ev <= kMaxDim,
-               "{}: the CUDA kernel takes head dims up to {}, got E = {} and Ev = {} ({}, {}, {})", op, kMaxDim, E, Ev,
-               q.meta_str(), k.meta_str(), v.meta_str());
+               "{}: the CUDA kernel takes head dims up to {}, got E = {} and Ev = {} ({}, {}, {})",
+               op, kMaxDim, E, Ev, q.meta_str(), k.meta_str(), v.meta_str());
     if (!mask.defined()) return;
     Shape full = q.shape();
     full.back() = S;
     const DType compute = q.dtype() == DType::f64 ? DType::f64 : DType::f32;
-    const Tensor m = mask.dtype() == DType::boolean ? mask.broadcast_to(full) : mask.to(compute).broadcast_to(full);
+    const Tensor m = mask.dtype() == DType::boolean ? mask.broadcast_to(full)
+                                                    : mask.to(compute).broadcast_to(full);
     (mask.dtype() == DType::boolean ? bmask : fmask) = m;
     std::vector<int64_t> base(static_cast<size_t>(batch));
     for (int64_t b = 0; b < batch; ++b) {
@@ -313,22 +315,26 @@ struct Problem {
 // Launches `family` for `dtype` with the scale and keep factor in its compute type.
 template <class... Before, class... After>
 void launch(const KernelFamily& family, DType dtype, const Tensor& where, long long blocks,
-            std::tuple<Before...> before, double scale, int causal, double p, std::tuple<After...> after) {
+            std::tuple<Before...> before, double scale, int causal, double p,
+            std::tuple<After...> after) {
   const long long threads = blocks * KernelFamily::kBlock;
   auto go = [&]<class C>(C) {
     std::apply(
         [&](auto... b) {
           std::apply(
               [&](auto... a) {
-                family.launch(dtype, where.device().index, threads, b..., static_cast<C>(scale), causal,
-                              static_cast<float>(p), static_cast<C>(dropout_scale(p)), a...);
+                family.launch(dtype, where.device().index, threads, b..., static_cast<C>(scale),
+                              causal, static_cast<float>(p), static_cast<C>(dropout_scale(p)),
+                              a...);
               },
               after);
         },
         before);
   };
-  if (dtype == DType::f64) go(double{});
-  else go(float{});
+  if (dtype == DType::f64)
+    go(double{});
+  else
+    go(float{});
 }
 
 void attention_forward(Span in, Span out, const Attrs& a) {
@@ -341,20 +347,21 @@ void attention_forward(Span in, Span out, const Attrs& a) {
   const Contiguous o(out[0]), lse(out[1]);
   const long long tiles = pr.tiles(pr.L);
   launch(kForward, q.dtype(), q, pr.batch * tiles,
-         std::tuple{q.data_ptr(), k.data_ptr(), v.data_ptr(), pr.fmask_ptr(), pr.bmask_ptr(), pr.base_ptr(),
-                    static_cast<long long>(pr.mask_row), static_cast<long long>(pr.mask_col),
-                    static_cast<long long>(pr.L), static_cast<long long>(pr.S), static_cast<int>(pr.E),
-                    static_cast<int>(pr.Ev)},
+         std::tuple{q.data_ptr(), k.data_ptr(), v.data_ptr(), pr.fmask_ptr(), pr.bmask_ptr(),
+                    pr.base_ptr(), static_cast<long long>(pr.mask_row),
+                    static_cast<long long>(pr.mask_col), static_cast<long long>(pr.L),
+                    static_cast<long long>(pr.S), static_cast<int>(pr.E), static_cast<int>(pr.Ev)},
          a.f("scale"), a.b("is_causal") ? 1 : 0, a.f("dropout_p"),
-         std::tuple{static_cast<unsigned long long>(a.i("seed")), static_cast<unsigned long long>(a.i("offset")), tiles,
-                    o.ptr(), lse.ptr(), out[2].data_ptr()});
+         std::tuple{static_cast<unsigned long long>(a.i("seed")),
+                    static_cast<unsigned long long>(a.i("offset")), tiles, o.ptr(), lse.ptr(),
+                    out[2].data_ptr()});
   o.finish();
   lse.finish();
 }
 
 void attention_backward(Span in, Span out, const Attrs& a) {
-  const Tensor g = in[0].contiguous(), q = in[1].contiguous(), k = in[2].contiguous(), v = in[3].contiguous(),
-               o = in[5].contiguous(), lse = in[6].contiguous();
+  const Tensor g = in[0].contiguous(), q = in[1].contiguous(), k = in[2].contiguous(),
+               v = in[3].contiguous(), o = in[5].contiguous(), lse = in[6].contiguous();
   const Problem pr("scaled_dot_product_attention_backward", q, k, v, in[4]);
   const Tensor rng = in[7].contiguous();  // read by the kernels: no synchronization
   const Contiguous dq(out[0]), dk(out[1]), dv(out[2]);
@@ -362,10 +369,21 @@ void attention_backward(Span in, Span out, const Attrs& a) {
     for (const Tensor& t : out) Tensor(t).zero_();
     return;
   }
-  const auto common = std::tuple{g.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(),
-                                 pr.fmask_ptr(), pr.bmask_ptr(), pr.base_ptr(), static_cast<long long>(pr.mask_row),
-                                 static_cast<long long>(pr.mask_col), static_cast<long long>(pr.L),
-                                 static_cast<long long>(pr.S), static_cast<int>(pr.E), static_cast<int>(pr.Ev)};
+  const auto common = std::tuple{g.data_ptr(),
+                                 q.data_ptr(),
+                                 k.data_ptr(),
+                                 v.data_ptr(),
+                                 o.data_ptr(),
+                                 lse.data_ptr(),
+                                 pr.fmask_ptr(),
+                                 pr.bmask_ptr(),
+                                 pr.base_ptr(),
+                                 static_cast<long long>(pr.mask_row),
+                                 static_cast<long long>(pr.mask_col),
+                                 static_cast<long long>(pr.L),
+                                 static_cast<long long>(pr.S),
+                                 static_cast<int>(pr.E),
+                                 static_cast<int>(pr.Ev)};
   const double scale = a.f("scale"), p = a.f("dropout_p");
   const int causal = a.b("is_causal") ? 1 : 0;
   const long long query_tiles = pr.tiles(pr.L), key_tiles = pr.tiles(pr.S);

@@ -24,12 +24,14 @@ using Args = std::vector<Tensor>;
 bool same_bits(const Tensor& a, const Tensor& b) {
   if (a.dtype() != b.dtype() || a.shape() != b.shape()) return false;
   const Tensor ca = a.contiguous(), cb = b.contiguous();
-  return std::memcmp(ca.data_ptr(), cb.data_ptr(), static_cast<size_t>(ca.numel()) * ca.itemsize()) == 0;
+  return std::memcmp(ca.data_ptr(), cb.data_ptr(),
+                     static_cast<size_t>(ca.numel()) * ca.itemsize()) == 0;
 }
 
 }  // namespace
 
-TEST_CASE("attention: traced as one node with its backward, compiled equals eager", "[attention][compile]") {
+TEST_CASE("attention: traced as one node with its backward, compiled equals eager",
+          "[attention][compile]") {
   const double p = GENERATE(0.0, 0.25);
   for (const std::string backend : {"interpreter", "generated"}) {
     CAPTURE(p, backend);
@@ -43,13 +45,14 @@ TEST_CASE("attention: traced as one node with its backward, compiled equals eage
       const Tensor x = a[0];
       const Tensor q = matmul(x, w).unflatten(-1, {2, 8}).transpose(1, 2);  // [B, H, L, 8]
       const Tensor kv = a[2];
-      const Tensor out =
-          scaled_dot_product_attention(q, kv, kv, {.attn_mask = mask, .is_causal = true, .dropout_p = p});
+      const Tensor out = scaled_dot_product_attention(
+          q, kv, kv, {.attn_mask = mask, .is_causal = true, .dropout_p = p});
       const Tensor loss = sum(mul(out, out));
       loss.backward();
       return {out, loss, w.grad()};
     };
-    const Args args = {randn({2, 37, 16}, {}, &gen), randn({16, 16}, {}, &gen), randn({2, 2, 70, 8}, {}, &gen)};
+    const Args args = {randn({2, 37, 16}, {}, &gen), randn({16, 16}, {}, &gen),
+                       randn({2, 2, 70, 8}, {}, &gen)};
     CompiledFunction f = compile(fn, {.fullgraph = true, .backend = backend});
     for (uint64_t seed : {5u, 6u}) {
       manual_seed(seed);
@@ -59,8 +62,8 @@ TEST_CASE("attention: traced as one node with its backward, compiled equals eage
       const Args want = fn(args);
       CHECK(default_generator().offset() == end);
       for (size_t i = 0; i < want.size(); ++i) {
-        INFO("output " << i << "\nactual:   " << testing::describe(got[i]) << "\nexpected: "
-                       << testing::describe(want[i]));
+        INFO("output " << i << "\nactual:   " << testing::describe(got[i])
+                       << "\nexpected: " << testing::describe(want[i]));
         CHECK(same_bits(got[i], want[i]));
       }
     }
@@ -74,22 +77,28 @@ TEST_CASE("attention: traced as one node with its backward, compiled equals eage
   }
 }
 
-TEST_CASE("attention: a TransformerEncoderLayer's training step compiles as eager", "[attention][equiv]") {
+TEST_CASE("attention: a TransformerEncoderLayer's training step compiles as eager",
+          "[attention][equiv]") {
   const bool norm_first = GENERATE(false, true);
   CAPTURE(norm_first);
   auto make = [&] {
     manual_seed(21);
     return std::make_shared<nn::TransformerEncoderLayer>(
         16, 4,
-        nn::TransformerEncoderLayerOptions{.dim_feedforward = 32, .dropout = 0.1, .activation = "gelu",
-                                           .batch_first = true, .norm_first = norm_first});
+        nn::TransformerEncoderLayerOptions{.dim_feedforward = 32,
+                                           .dropout = 0.1,
+                                           .activation = "gelu",
+                                           .batch_first = true,
+                                           .norm_first = norm_first});
   };
   std::shared_ptr<nn::TransformerEncoderLayer> layer = make(), reference = make();
-  optim::SGD sgd(layer->parameters(), {.lr = 0.1}), reference_sgd(reference->parameters(), {.lr = 0.1});
+  optim::SGD sgd(layer->parameters(), {.lr = 0.1}),
+      reference_sgd(reference->parameters(), {.lr = 0.1});
   Generator gen(22);
   const Tensor x = randn({3, 11, 16}, {}, &gen), y = randn({3, 11, 16}, {}, &gen);
   const Tensor padding = lt(rand({3, 11}, {}, &gen), 0.2);
-  auto step_of = [&](std::shared_ptr<nn::TransformerEncoderLayer> m, optim::SGD& opt) -> TracedFunction {
+  auto step_of = [&](std::shared_ptr<nn::TransformerEncoderLayer> m,
+                     optim::SGD& opt) -> TracedFunction {
     return [m, &opt, padding](const Args& a) -> Args {
       const Tensor loss = mse_loss(m->forward(a[0], {}, padding), a[1]);
       loss.backward();
@@ -97,7 +106,8 @@ TEST_CASE("attention: a TransformerEncoderLayer's training step compiles as eage
       return {loss.detach()};
     };
   };
-  CompiledFunction compiled = compile(step_of(layer, sgd), {.fullgraph = true, .trace = module_names(*layer)});
+  CompiledFunction compiled =
+      compile(step_of(layer, sgd), {.fullgraph = true, .trace = module_names(*layer)});
   const TracedFunction eager = step_of(reference, reference_sgd);
   for (int call = 0; call < 3; ++call) {
     INFO("call " << call);

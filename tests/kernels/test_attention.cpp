@@ -33,8 +33,10 @@ Tensor mask_for(const Case& c, DType dtype, uint64_t seed) {
   Generator gen(seed);
   const Shape ls{c.L, c.S};
   switch (c.mask) {
-    case 1: return lt(rand(ls, {}, &gen), 0.8);
-    case 2: return mul(randn(ls, {.dtype = dtype}, &gen), 2.0);
+    case 1:
+      return lt(rand(ls, {}, &gen), 0.8);
+    case 2:
+      return mul(randn(ls, {.dtype = dtype}, &gen), 2.0);
     case 3: {
       Shape s = c.batch;
       s.push_back(1);
@@ -42,7 +44,8 @@ Tensor mask_for(const Case& c, DType dtype, uint64_t seed) {
       s[1] = 1;
       return lt(rand(s, {}, &gen), 0.7);
     }
-    default: return {};
+    default:
+      return {};
   }
 }
 
@@ -142,8 +145,8 @@ TEST_CASE("attention: 16-bit inputs are computed in f32 and rounded once", "[att
   const AttentionOptions opts{.is_causal = true};
   const Tensor out = scaled_dot_product_attention(q, k, v, opts);
   CHECK(out.dtype() == dtype);
-  const Tensor want = scaled_dot_product_attention_math(q.to(DType::f64), k.to(DType::f64),
-                                                        v.to(DType::f64), opts);
+  const Tensor want =
+      scaled_dot_product_attention_math(q.to(DType::f64), k.to(DType::f64), v.to(DType::f64), opts);
   // One rounding to the 16-bit type (relative u16) after the f32 bound.
   const double u16 = dtype == DType::f16 ? 0x1p-11 : 0x1p-8;
   const double vmax = amax(abs(v.to(DType::f64))).item<double>();
@@ -175,9 +178,11 @@ TEST_CASE("attention: a row with every key masked gives zeros and zero gradients
   const AttentionResult r = scaled_dot_product_attention_with_stats(q, k, v, {.attn_mask = mask});
   KILN_CHECK_EQUAL(r.out.select(1, 2), zeros({1, 5}));
   CHECK(std::isinf(r.logsumexp[0][2].item<double>()));
-  KILN_CHECK_CLOSE(r.out, scaled_dot_product_attention_math(q, k, v, {.attn_mask = mask}), 0, 1e-14);
-  const AttentionGrads g = scaled_dot_product_attention_backward(
-      ones_like(r.out), q, k, v, mask, r.out, r.logsumexp, r.rng_state, false, 0.0, 1 / std::sqrt(8.0));
+  KILN_CHECK_CLOSE(r.out, scaled_dot_product_attention_math(q, k, v, {.attn_mask = mask}), 0,
+                   1e-14);
+  const AttentionGrads g =
+      scaled_dot_product_attention_backward(ones_like(r.out), q, k, v, mask, r.out, r.logsumexp,
+                                            r.rng_state, false, 0.0, 1 / std::sqrt(8.0));
   KILN_CHECK_EQUAL(g.grad_q.select(1, 2), zeros({1, 8}));
 }
 
@@ -216,19 +221,20 @@ TEST_CASE("attention: dropout draws dropout's mask of the probabilities, forward
   // The same seed, the same output; the next draw another.
   Generator c(77);
   c.set_offset(5);
-  KILN_CHECK_EQUAL(scaled_dot_product_attention(q, k, v, {.is_causal = causal, .dropout_p = 0.3, .generator = &c}),
+  KILN_CHECK_EQUAL(scaled_dot_product_attention(
+                       q, k, v, {.is_causal = causal, .dropout_p = 0.3, .generator = &c}),
                    r.out);
-  CHECK_FALSE(allclose(
-      scaled_dot_product_attention(q, k, v, {.is_causal = causal, .dropout_p = 0.3, .generator = &c}),
-      r.out, 0, 0));
+  CHECK_FALSE(allclose(scaled_dot_product_attention(
+                           q, k, v, {.is_causal = causal, .dropout_p = 0.3, .generator = &c}),
+                       r.out, 0, 0));
 }
 
 TEST_CASE("attention: bad inputs are errors naming the op and the inputs", "[attention][errors]") {
   using Catch::Matchers::Contains;
   const Tensor q = randn({2, 5, 8}), k = randn({2, 7, 8}), v = randn({2, 7, 4});
-  CHECK_THROWS_WITH(scaled_dot_product_attention(q, randn({2, 7, 6}), v),
-                    Contains("scaled_dot_product_attention") && Contains("f32[2,7,6]") &&
-                        Contains("embedding"));
+  CHECK_THROWS_WITH(
+      scaled_dot_product_attention(q, randn({2, 7, 6}), v),
+      Contains("scaled_dot_product_attention") && Contains("f32[2,7,6]") && Contains("embedding"));
   CHECK_THROWS_WITH(scaled_dot_product_attention(q, k, randn({2, 6, 4})),
                     Contains("number of keys S") && Contains("f32[2,6,4]"));
   CHECK_THROWS_WITH(scaled_dot_product_attention(q, k, v.to(DType::f64)),
@@ -244,13 +250,16 @@ TEST_CASE("attention: bad inputs are errors naming the op and the inputs", "[att
       Contains("bool or floating") && Contains("i64[5,7]"));
   CHECK_THROWS_WITH(scaled_dot_product_attention(q, k, v, {.dropout_p = 1.5}),
                     Contains("dropout_p must be in [0, 1], got 1.5"));
-  CHECK_THROWS_WITH(scaled_dot_product_attention(q.to(DType::i64), k.to(DType::i64), v.to(DType::i64)),
-                    Contains("floating"));
+  CHECK_THROWS_WITH(
+      scaled_dot_product_attention(q.to(DType::i64), k.to(DType::i64), v.to(DType::i64)),
+      Contains("floating"));
 }
 
-TEST_CASE("attention: autocast runs it in bf16 and gradients reach the f32 leaves", "[attention][autocast]") {
+TEST_CASE("attention: autocast runs it in bf16 and gradients reach the f32 leaves",
+          "[attention][autocast]") {
   Generator gen(11);
-  Tensor q = randn({2, 9, 8}, {}, &gen), k = randn({2, 13, 8}, {}, &gen), v = randn({2, 13, 4}, {}, &gen);
+  Tensor q = randn({2, 9, 8}, {}, &gen), k = randn({2, 13, 8}, {}, &gen),
+         v = randn({2, 13, 4}, {}, &gen);
   for (Tensor* t : {&q, &k, &v}) t->requires_grad_();
   Tensor out;
   {
@@ -259,8 +268,9 @@ TEST_CASE("attention: autocast runs it in bf16 and gradients reach the f32 leave
   }
   CHECK(out.dtype() == DType::bf16);
   // The same op on the inputs rounded to bf16, which is what autocast gives it.
-  const Tensor want = scaled_dot_product_attention(q.detach().to(DType::bf16), k.detach().to(DType::bf16),
-                                                   v.detach().to(DType::bf16), {.is_causal = true});
+  const Tensor want =
+      scaled_dot_product_attention(q.detach().to(DType::bf16), k.detach().to(DType::bf16),
+                                   v.detach().to(DType::bf16), {.is_causal = true});
   KILN_CHECK_EQUAL(out, want);
   sum(out.to(DType::f32)).backward();
   for (const Tensor* t : {&q, &k, &v}) {
@@ -273,12 +283,18 @@ TEST_CASE("attention: autocast runs it in bf16 and gradients reach the f32 leave
 TEST_CASE("attention: inputs on two devices are an error naming them", "[attention][errors]") {
   // The shape rule alone: no second device is needed to build its metas.
   const OpDef& op = find_op("scaled_dot_product_attention");
-  const TensorMeta q{{2, 5, 8}, DType::f32, Device::cpu()}, k{{2, 7, 8}, DType::f32, Device::cuda(0)},
-      v{{2, 7, 4}, DType::f32, Device::cpu()}, none{.defined = false};
+  const TensorMeta q{{2, 5, 8}, DType::f32, Device::cpu()},
+      k{{2, 7, 8}, DType::f32, Device::cuda(0)}, v{{2, 7, 4}, DType::f32, Device::cpu()},
+      none{.defined = false};
   const TensorMeta in[] = {q, k, v, none};
-  const Attrs attrs{{"is_causal", false}, {"dropout_p", 0.0}, {"scale", 1.0}, {"seed", int64_t{0}}, {"offset", int64_t{0}}};
-  CHECK_THROWS_WITH(op.infer(std::span<const TensorMeta>(in), attrs), Catch::Matchers::Contains("scaled_dot_product_attention") &&
-                                             Catch::Matchers::Contains("cuda:0") && Catch::Matchers::Contains("cpu"));
+  const Attrs attrs{{"is_causal", false},
+                    {"dropout_p", 0.0},
+                    {"scale", 1.0},
+                    {"seed", int64_t{0}},
+                    {"offset", int64_t{0}}};
+  CHECK_THROWS_WITH(op.infer(std::span<const TensorMeta>(in), attrs),
+                    Catch::Matchers::Contains("scaled_dot_product_attention") &&
+                        Catch::Matchers::Contains("cuda:0") && Catch::Matchers::Contains("cpu"));
 }
 
 TEST_CASE("attention: empty sequences", "[attention]") {
@@ -291,8 +307,8 @@ TEST_CASE("attention: empty sequences", "[attention]") {
   v = randn({2, 0, 5});
   const AttentionResult r = scaled_dot_product_attention_with_stats(q, k, v);
   KILN_CHECK_EQUAL(r.out, zeros({2, 3, 5}));
-  const AttentionGrads g = scaled_dot_product_attention_backward(ones({2, 3, 5}), q, k, v, {}, r.out, r.logsumexp,
-                                                                 r.rng_state, false, 0.0, 0.5);
+  const AttentionGrads g = scaled_dot_product_attention_backward(
+      ones({2, 3, 5}), q, k, v, {}, r.out, r.logsumexp, r.rng_state, false, 0.0, 0.5);
   KILN_CHECK_EQUAL(g.grad_q, zeros({2, 3, 4}));
   CHECK(g.grad_k.shape() == Shape{2, 0, 4});
 }

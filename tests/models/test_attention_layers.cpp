@@ -19,8 +19,9 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 // nn.MultiheadAttention's computation for batch-first [N, L, E] inputs, one head at a time;
 // `mask` [N, L, S] or undefined is added to every head's scores (bool: true masks out).
 // Returns the output and the head-averaged probabilities.
-std::pair<Tensor, Tensor> reference_mha(nn::MultiheadAttention& m, const Tensor& q_in, const Tensor& k_in,
-                                        const Tensor& v_in, const Tensor& mask) {
+std::pair<Tensor, Tensor> reference_mha(nn::MultiheadAttention& m, const Tensor& q_in,
+                                        const Tensor& k_in, const Tensor& v_in,
+                                        const Tensor& mask) {
   const int64_t E = m.embed_dim(), H = m.num_heads(), D = E / H;
   const Tensor w = m.in_proj_weight(), b = m.in_proj_bias();
   std::vector<Tensor> heads;
@@ -66,7 +67,8 @@ TEST_CASE("MultiheadAttention has PyTorch's parameters", "[attention][layers]") 
   CHECK(values(m.in_proj_bias()) == std::vector<double>(36, 0.0));
   // xavier_uniform_: |w| <= sqrt(6 / (fan_in + fan_out)) = sqrt(6 / 48)
   CHECK(amax(abs(m.in_proj_weight())).item<double>() <= std::sqrt(6.0 / 48));
-  CHECK_THROWS_WITH(nn::MultiheadAttention(10, 3), Catch::Matchers::Contains("multiple of num_heads"));
+  CHECK_THROWS_WITH(nn::MultiheadAttention(10, 3),
+                    Catch::Matchers::Contains("multiple of num_heads"));
 }
 
 TEST_CASE("MultiheadAttention matches a head-by-head reference", "[attention][layers]") {
@@ -93,7 +95,9 @@ TEST_CASE("MultiheadAttention matches a head-by-head reference", "[attention][la
     call.attn_mask = randn({L, S}, {.dtype = DType::f64}, &gen);
     ref_mask = call.attn_mask.unsqueeze(0).expand({n, L, S});
   }
-  auto seq_first = [&](const Tensor& t) { return batch_first ? t : t.transpose(0, 1).contiguous(); };
+  auto seq_first = [&](const Tensor& t) {
+    return batch_first ? t : t.transpose(0, 1).contiguous();
+  };
   const Tensor query = seq_first(x);
   const Tensor key = self ? query : seq_first(kv);
   const Tensor value = self ? query : seq_first(vv);
@@ -125,10 +129,12 @@ TEST_CASE("MultiheadAttention matches a head-by-head reference", "[attention][la
 TEST_CASE("MultiheadAttention's bad inputs are errors naming it", "[attention][layers]") {
   nn::MultiheadAttention m(8, 2, {.batch_first = true});
   const Tensor x = randn({2, 5, 8});
-  CHECK_THROWS_WITH(m.forward(randn({2, 5, 6})), Catch::Matchers::Contains("MultiheadAttention: query") &&
-                                                     Catch::Matchers::Contains("f32[2,5,6]"));
-  CHECK_THROWS_WITH(m.forward(x, x, x, {.key_padding_mask = ones({2, 4}, {.dtype = DType::boolean})}),
-                    Catch::Matchers::Contains("key_padding_mask must be [N, S] = [2, 5]"));
+  CHECK_THROWS_WITH(m.forward(randn({2, 5, 6})),
+                    Catch::Matchers::Contains("MultiheadAttention: query") &&
+                        Catch::Matchers::Contains("f32[2,5,6]"));
+  CHECK_THROWS_WITH(
+      m.forward(x, x, x, {.key_padding_mask = ones({2, 4}, {.dtype = DType::boolean})}),
+      Catch::Matchers::Contains("key_padding_mask must be [N, S] = [2, 5]"));
   CHECK_THROWS_WITH(m.forward(x, x, x, {.attn_mask = ones({4, 5})}),
                     Catch::Matchers::Contains("attn_mask must be [L, S] = [5, 5]"));
 }
@@ -138,15 +144,20 @@ TEST_CASE("TransformerEncoderLayer matches its composition from ops", "[attentio
   const std::string activation = GENERATE("relu", "gelu");
   CAPTURE(norm_first, activation);
   manual_seed(5);
-  nn::TransformerEncoderLayer layer(16, 4, {.dim_feedforward = 24, .dropout = 0.0, .activation = activation,
-                                            .batch_first = true, .norm_first = norm_first});
+  nn::TransformerEncoderLayer layer(16, 4,
+                                    {.dim_feedforward = 24,
+                                     .dropout = 0.0,
+                                     .activation = activation,
+                                     .batch_first = true,
+                                     .norm_first = norm_first});
   layer.to(DType::f64);
   std::set<std::string> names;
   for (const auto& [name, t] : layer.named_parameters()) names.insert(name);
   CHECK(names == std::set<std::string>{"self_attn.in_proj_weight", "self_attn.in_proj_bias",
-                                       "self_attn.out_proj.weight", "self_attn.out_proj.bias", "linear1.weight",
-                                       "linear1.bias", "linear2.weight", "linear2.bias", "norm1.weight",
-                                       "norm1.bias", "norm2.weight", "norm2.bias"});
+                                       "self_attn.out_proj.weight", "self_attn.out_proj.bias",
+                                       "linear1.weight", "linear1.bias", "linear2.weight",
+                                       "linear2.bias", "norm1.weight", "norm1.bias", "norm2.weight",
+                                       "norm2.bias"});
   Generator gen(6);
   const Tensor x = randn({3, 9, 16}, {.dtype = DType::f64}, &gen);
   const Tensor padding = lt(rand({3, 9}, {}, &gen), 0.2);
@@ -179,8 +190,12 @@ TEST_CASE("TransformerEncoderLayer matches its composition from ops", "[attentio
   KILN_CHECK_CLOSE(layer.forward(x, {}, padding), want, 0, 1e-12);
   // Eval mode with dropout: the same function.
   manual_seed(5);
-  nn::TransformerEncoderLayer dropped(16, 4, {.dim_feedforward = 24, .dropout = 0.3, .activation = activation,
-                                              .batch_first = true, .norm_first = norm_first});
+  nn::TransformerEncoderLayer dropped(16, 4,
+                                      {.dim_feedforward = 24,
+                                       .dropout = 0.3,
+                                       .activation = activation,
+                                       .batch_first = true,
+                                       .norm_first = norm_first});
   dropped.to(DType::f64);
   dropped.eval();
   KILN_CHECK_CLOSE(dropped.forward(x, {}, padding), want, 0, 1e-12);
@@ -188,8 +203,9 @@ TEST_CASE("TransformerEncoderLayer matches its composition from ops", "[attentio
   CHECK_FALSE(allclose(dropped.forward(x, {}, padding), want, 0, 1e-6));
 }
 
-TEST_CASE("MultiheadAttention's dropout: the fused and the weights paths drop the same probabilities",
-          "[attention][layers]") {
+TEST_CASE(
+    "MultiheadAttention's dropout: the fused and the weights paths drop the same probabilities",
+    "[attention][layers]") {
   manual_seed(8);
   nn::MultiheadAttention m(8, 2, {.dropout = 0.4, .batch_first = true});
   m.to(DType::f64);
