@@ -116,8 +116,36 @@ GpuWork multi_tensor_update(Metas, Metas out, const Attrs& attrs, bool) {
   return work;
 }
 
+// scaled_dot_product_attention (q, k, v, mask?) and its backward (grad_out, q, k, v, ...):
+// kernels/cuda/attention.cpp's scalar loops (no tensor cores). Per pair of query and key
+// the forward takes a score (2E FLOPs) and a weighted value (2Ev); the backward's two
+// kernels each recompute the score and dP (2E + 2Ev) and take grad_q, or grad_k and grad_v
+// (2E, or 2E + 2Ev). Causal calls skip about half the pairs. Each 16-query tile reads k
+// and v again (each 16-key tile q and grad_out), beyond the once the model counts.
+template <bool kBackward>
+GpuWork attention_work(Metas in, Metas, const Attrs& attrs, bool) {
+  const TensorMeta &q = in[kBackward ? 1 : 0], &k = in[kBackward ? 2 : 1], &v = in[kBackward ? 3 : 2];
+  const size_t r = q.shape.size();
+  const double L = static_cast<double>(q.shape.at(r - 2)), S = static_cast<double>(k.shape.at(r - 2));
+  const double E = static_cast<double>(q.shape.at(r - 1)), Ev = static_cast<double>(v.shape.at(r - 1));
+  const double pairs = static_cast<double>(numel_of(q.shape)) / E * S * (attrs.b("is_causal") ? 0.5 : 1.0);
+  GpuWork work;
+  work.flops = pairs * (kBackward ? 8 * E + 6 * Ev : 2 * E + 2 * Ev);
+  work.math = DType::f32;
+  const int64_t query_tiles = (static_cast<int64_t>(L) + 15) / 16, key_tiles = (static_cast<int64_t>(S) + 15) / 16;
+  work.extra_read = (query_tiles - 1) * (bytes_of(k) + bytes_of(v));
+  if (kBackward) {
+    work.extra_read += (key_tiles - 1) * (bytes_of(q) + bytes_of(in[0]));
+    work.launches = 2;
+  }
+  work.note = "tiles re-read k and v (the backward's also q and grad_out)";
+  return work;
+}
+
 struct Registrar {
   Registrar() {
+    set_gpu_work("scaled_dot_product_attention", attention_work<false>);
+    set_gpu_work("scaled_dot_product_attention_backward", attention_work<true>);
     set_gpu_work("conv2d", conv2d_work);
     set_gpu_work("conv2d_backward_input", conv2d_backward_input_work);
     set_gpu_work("conv2d_backward_weight", conv2d_backward_weight_work);

@@ -588,8 +588,9 @@ int main(int argc, char** argv) {
     if (argc >= 2 && std::strcmp(argv[1], "convs") == 0) return bench_convs(argc, argv);
     if (argc >= 2 && std::strcmp(argv[1], "plan") == 0) return bench_plan(argc, argv);
     if (argc >= 2 && std::strcmp(argv[1], "ddp") == 0) return bench_ddp(argc, argv);
+    if (argc >= 2 && std::strcmp(argv[1], "attention") == 0) return bench_attention(argc, argv);
     std::cerr << "usage: kiln-bench ops | train [options] | mlp-block [options] | convs [options] | plan [options]\n"
-                 "                  | ddp [options]\n"
+                 "                  | ddp [options] | attention [options]\n"
                  "  ops    GFLOP/s of a 1024^3 f32 matmul, GB/s of a 64M-element add against\n"
                  "         memcpy, ms of ResNet-50-sized conv2d ops; bf16 products and convolutions\n"
                  "         with their speedup over f32; one JSON line each. --device cuda:\n"
@@ -626,7 +627,12 @@ int main(int argc, char** argv) {
                  "         training on the same synthetic global batch: median step, img/s and, for the ranks,\n"
                  "         the all-reduce ms per step and the share of it that overlapped backward; one JSON\n"
                  "         line each: --ranks 2 --arch resnet18 --batch 64 --image-size 32 --classes 10\n"
-                 "         --steps 5 --warmup 2\n";
+                 "         --steps 5 --warmup 2\n"
+                 "  attention  scaled_dot_product_attention's forward and backward against the math path\n"
+                 "         (causal, f32, one batch of --heads 2 heads of --dim 64) for N = L = S doubling from\n"
+                 "         --min-n 512 to --max-n 4096: ms and the extra peak memory of each, one JSON line\n"
+                 "         each, then the growth of the peak from the shortest N to the longest (the op's is\n"
+                 "         linear in N, the math path's quadratic) [--math-max-n N: the math path only up to N]\n";
     return 2;
   });
 }

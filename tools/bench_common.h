@@ -61,6 +61,8 @@ int bench_ops();
 int bench_ops_cuda();
 // kiln-bench convs ARGS... (tools/bench_convs.cpp).
 int bench_convs(int argc, char** argv);
+// kiln-bench attention ARGS... (tools/bench_attention.cpp).
+int bench_attention(int argc, char** argv);
 // kiln-bench ddp ARGS... (tools/bench_ddp.cpp).
 int bench_ddp(int argc, char** argv);
 

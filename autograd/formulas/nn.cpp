@@ -2,6 +2,7 @@
 // softmax and the losses. Each defers to the op's backward op (core/ops/*.h), so a traced
 // backward is made of ordinary ops.
 #include "autograd/formula.h"
+#include "core/ops/attention.h"
 #include "core/ops/conv.h"
 #include "core/ops/elementwise.h"
 #include "core/ops/loss.h"
@@ -115,6 +116,24 @@ std::vector<Tensor> softmax_backward_formula(const BackwardContext& c) {
   return {log ? log_softmax_backward(g, c.output(0), dim) : softmax_backward(g, c.output(0), dim)};
 }
 
+// ---- attention ----
+
+// scaled_dot_product_attention(q, k, v, mask?) -> (out, logsumexp, rng_state): only `out`
+// carries a gradient, and the mask is a constant (as in PyTorch's fused kernels).
+std::vector<Tensor> attention_backward_formula(const BackwardContext& c) {
+  std::vector<Tensor> out(4);
+  const Tensor& g = c.grad(0);
+  if (!g.defined() || !(c.needs(0) || c.needs(1) || c.needs(2))) return out;
+  const Tensor mask = c.input_metas[3].defined ? c.input(3) : Tensor();
+  AttentionGrads grads = scaled_dot_product_attention_backward(
+      g, c.input(0), c.input(1), c.input(2), mask, c.output(0), c.output(1), c.output(2),
+      c.attrs.b("is_causal"), c.attrs.f("dropout_p"), c.attrs.f("scale"));
+  if (c.needs(0)) out[0] = grads.grad_q;
+  if (c.needs(1)) out[1] = grads.grad_k;
+  if (c.needs(2)) out[2] = grads.grad_v;
+  return out;
+}
+
 // ---- losses ----
 // Class-index losses take (log_probs, target, weight?): only log_probs gets a gradient
 // (an integer target has none; the class weights are constants, as in PyTorch).
@@ -214,6 +233,8 @@ struct Registrar {
     register_backward(
         "log_softmax",
         {.fn = softmax_backward_formula<true>, .saves_inputs = false, .saves_outputs = true});
+    register_backward("scaled_dot_product_attention",
+                      {.fn = attention_backward_formula, .saves_outputs = true});
     register_backward("nll_loss", {.fn = nll_loss_backward_formula});
     register_backward("cross_entropy_loss", {.fn = cross_entropy_loss_backward_formula});
     register_backward("cross_entropy_prob_loss", {.fn = cross_entropy_prob_loss_backward_formula});

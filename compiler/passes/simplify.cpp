@@ -66,6 +66,20 @@ Replacement neg_neg(Rewriter& rw, const Candidate& c) {
 // view of a shape onto itself and an expand to its own shape are the identity) and dtype.
 Replacement same_value(Rewriter&, const Candidate& c) { return Values{c.inputs.at(0)}; }
 
+// clone(x) is x in a pure graph, except where x is a strided view (a permute, an expand, a
+// slice, maybe under row-major views): eager code's reshape traced the clone because no view
+// could take x, and a view that reads the clone needs its copy (a program runs views as
+// eager views). Such a clone stays.
+Replacement drop_clone(Rewriter& rw, const Candidate& c) {
+  for (Value v = c.inputs.at(0);;) {
+    const Node& p = rw.producer(v);
+    if (p.kind != NodeKind::op || !p.def || p.def->kind != OpKind::view) break;
+    if (p.op != "view") return std::nullopt;
+    v = p.inputs.at(0);
+  }
+  return Values{c.inputs.at(0)};
+}
+
 bool is_identity_permutation(const std::vector<int64_t>& dims) {
   for (size_t i = 0; i < dims.size(); ++i)
     if (dims[i] != static_cast<int64_t>(i)) return false;
@@ -116,7 +130,7 @@ const std::vector<Rule>& simplify_rules() {
       {"one_mul", {"mul"}, one_times},
       {"div_one", {"div"}, times_one},
       {"neg_neg", {"neg"}, neg_neg},
-      {"clone_identity", {"clone"}, same_value},
+      {"clone_identity", {"clone"}, drop_clone},
       {"view_same_shape", {"view"}, same_value},
       {"expand_same_shape", {"expand"}, same_value},
       {"cast_same_dtype", {"cast", "to_device"}, same_value},

@@ -159,3 +159,17 @@ TEST_CASE("cost: the table and the JSON fields carry the totals", "[cost]") {
   CHECK(json.find(R"("gpu":"h200")") != std::string::npos);
   CHECK(json.find(R"("launches":4,"groups":2)") != std::string::npos);
 }
+
+TEST_CASE("cost: attention counts its pairs and the tiles' re-reads", "[cost][attention]") {
+  // 2 heads, L = 32 queries (two tiles), S = 48 keys (three tiles), E = 8, Ev = 4.
+  const Graph g = parse(R"(%0 = input "q" : f32[2,32,8]
+%1 = input "k" : f32[2,48,8]
+%2 = input "v" : f32[2,48,4]
+%3, %4, %5 = scaled_dot_product_attention(%0, %1, %2, none) {is_causal=false, dropout_p=0.0, scale=0.5, seed=0, offset=0} : f32[2,32,4], f32[2,32], i64[2]
+return %3, %4, %5
+)");
+  const StepCost& c = step_named(estimate_cost(g, fuse(g), gpu_spec("h200")), "scaled_dot_product_attention");
+  CHECK(c.flops == 2.0 * 32 * 48 * (2 * 8 + 2 * 4));
+  CHECK(c.bytes_read == (2 * 32 * 8 + 2 * 48 * 8 + 2 * 48 * 4) * 4 + (2 - 1) * (2 * 48 * 8 + 2 * 48 * 4) * 4);
+  CHECK(c.launches == 1);
+}

@@ -124,6 +124,11 @@ TEST_CASE("the op hook sees every registered op", "[hook][registry]") {
     Tensor mse = mse_loss(m, m);
     mse_loss_backward(mse, m, m);
 
+    // attention
+    AttentionResult att = scaled_dot_product_attention_with_stats(x, x, x, {.is_causal = true});
+    scaled_dot_product_attention_backward(att.out, x, x, x, {}, att.out, att.logsumexp,
+                                          att.rng_state, true, 0.0, 0.5);
+
     // indexing, joining, dropout
     gather(m, 1, zeros({3, 2}, {.dtype = DType::i64}));
     scatter_add(m, 1, zeros({3, 2}, {.dtype = DType::i64}), ones({3, 2}));
