@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/regular_file.h"
 
 namespace kiln::data {
 
@@ -34,12 +35,15 @@ char32_t next_code_point(std::string_view text, size_t& pos) {
   }
   for (int k = 1; k <= extra; ++k) {
     KILN_CHECK(pos + k < text.size() && (byte(pos + k) & 0xC0) == 0x80,
-               "WordPiece: invalid UTF-8: the character at offset {} lacks continuation byte {}", pos, k);
+               "WordPiece: invalid UTF-8: the character at offset {} lacks continuation byte {}",
+               pos, k);
     cp = (cp << 6) | (byte(pos + k) & 0x3F);
   }
   static constexpr char32_t kMin[4] = {0, 0x80, 0x800, 0x10000};
-  KILN_CHECK(cp >= kMin[extra] && cp <= 0x10FFFF && !(cp >= 0xD800 && cp <= 0xDFFF),
-             "WordPiece: invalid UTF-8: overlong form, surrogate or value past U+10FFFF at offset {}", pos);
+  KILN_CHECK(
+      cp >= kMin[extra] && cp <= 0x10FFFF && !(cp >= 0xD800 && cp <= 0xDFFF),
+      "WordPiece: invalid UTF-8: overlong form, surrogate or value past U+10FFFF at offset {}",
+      pos);
   pos += static_cast<size_t>(extra) + 1;
   return cp;
 }
@@ -77,18 +81,22 @@ bool is_dropped(char32_t c) {
 
 bool is_punctuation(char32_t c) {
   // BERT counts all non-alphanumeric ASCII as punctuation ("$", "^", "`" included).
-  if ((c >= 33 && c <= 47) || (c >= 58 && c <= 64) || (c >= 91 && c <= 96) || (c >= 123 && c <= 126))
+  if ((c >= 33 && c <= 47) || (c >= 58 && c <= 64) || (c >= 91 && c <= 96) ||
+      (c >= 123 && c <= 126))
     return true;
   return c == 0xA1 || c == 0xA7 || c == 0xAB || c == 0xB6 || c == 0xB7 || c == 0xBB || c == 0xBF ||
-         (c >= 0x2010 && c <= 0x2027) || (c >= 0x2030 && c <= 0x205E) || (c >= 0x3001 && c <= 0x3003) ||
-         (c >= 0x3008 && c <= 0x3011) || (c >= 0x3014 && c <= 0x301F) || (c >= 0xFF01 && c <= 0xFF0F) ||
-         (c >= 0xFF1A && c <= 0xFF20) || (c >= 0xFF3B && c <= 0xFF40) || (c >= 0xFF5B && c <= 0xFF65);
+         (c >= 0x2010 && c <= 0x2027) || (c >= 0x2030 && c <= 0x205E) ||
+         (c >= 0x3001 && c <= 0x3003) || (c >= 0x3008 && c <= 0x3011) ||
+         (c >= 0x3014 && c <= 0x301F) || (c >= 0xFF01 && c <= 0xFF0F) ||
+         (c >= 0xFF1A && c <= 0xFF20) || (c >= 0xFF3B && c <= 0xFF40) ||
+         (c >= 0xFF5B && c <= 0xFF65);
 }
 
 // The CJK Unified Ideographs blocks, each ideograph a word of its own (BERT's ranges).
 bool is_cjk(char32_t c) {
-  return (c >= 0x4E00 && c <= 0x9FFF) || (c >= 0x3400 && c <= 0x4DBF) || (c >= 0x20000 && c <= 0x2A6DF) ||
-         (c >= 0x2A700 && c <= 0x2B73F) || (c >= 0x2B740 && c <= 0x2B81F) || (c >= 0x2B820 && c <= 0x2CEAF) ||
+  return (c >= 0x4E00 && c <= 0x9FFF) || (c >= 0x3400 && c <= 0x4DBF) ||
+         (c >= 0x20000 && c <= 0x2A6DF) || (c >= 0x2A700 && c <= 0x2B73F) ||
+         (c >= 0x2B740 && c <= 0x2B81F) || (c >= 0x2B820 && c <= 0x2CEAF) ||
          (c >= 0xF900 && c <= 0xFAFF) || (c >= 0x2F800 && c <= 0x2FA1F);
 }
 
@@ -101,16 +109,18 @@ char32_t to_lower(char32_t c) {
   if ((c >= 0x100 && c <= 0x137) || (c >= 0x14A && c <= 0x177)) return (c % 2 == 0) ? c + 1 : c;
   if ((c >= 0x139 && c <= 0x148) || (c >= 0x179 && c <= 0x17E)) return (c % 2 == 1) ? c + 1 : c;
   if (c >= 0x391 && c <= 0x3A9 && c != 0x3A2) return c + 32;  // Greek
-  if (c >= 0x410 && c <= 0x42F) return c + 32;                 // Cyrillic
+  if (c >= 0x410 && c <= 0x42F) return c + 32;                // Cyrillic
   if (c >= 0x400 && c <= 0x40F) return c + 80;
   return c;
 }
 
 // The base letter of a Latin-1 or Latin Extended-A letter with a diacritic (its Unicode
 // canonical decomposition without the combining mark); '.' where there is none (Æ, Ø, Ł).
-constexpr std::string_view kLatin1Base = "AAAAAA.CEEEEIIII.NOOOOO..UUUUY..aaaaaa.ceeeeiiii.nooooo..uuuuy.y";
+constexpr std::string_view kLatin1Base =
+    "AAAAAA.CEEEEIIII.NOOOOO..UUUUY..aaaaaa.ceeeeiiii.nooooo..uuuuy.y";
 constexpr std::string_view kLatinExtABase =
-    "AaAaAaCcCcCcCcDd..EeEeEeEeEeGgGgGgGgHh..IiIiIiIiI...JjKk.LlLlLl....NnNnNn...OoOoOo..RrRrRrSsSsSsSsTtTt.."
+    "AaAaAaCcCcCcCcDd..EeEeEeEeEeGgGgGgGgHh..IiIiIiIiI...JjKk.LlLlLl....NnNnNn...OoOoOo.."
+    "RrRrRrSsSsSsSsTtTt.."
     "UuUuUuUuUuUuWwYyYZzZzZz.";
 static_assert(kLatin1Base.size() == 64 && kLatinExtABase.size() == 128);
 
@@ -118,7 +128,8 @@ static_assert(kLatin1Base.size() == 64 && kLatinExtABase.size() == 128);
 // a character that is itself a combining mark.
 char32_t strip_accent(char32_t c) {
   if (c >= 0x300 && c <= 0x36F) return 0;
-  if (c >= 0xC0 && c <= 0xFF && kLatin1Base[c - 0xC0] != '.') return static_cast<char32_t>(kLatin1Base[c - 0xC0]);
+  if (c >= 0xC0 && c <= 0xFF && kLatin1Base[c - 0xC0] != '.')
+    return static_cast<char32_t>(kLatin1Base[c - 0xC0]);
   if (c >= 0x100 && c <= 0x17F && kLatinExtABase[c - 0x100] != '.')
     return static_cast<char32_t>(kLatinExtABase[c - 0x100]);
   return c;
@@ -171,18 +182,19 @@ std::vector<std::string> basic_tokenize(std::string_view text, const WordPieceOp
 
 WordPiece::WordPiece(std::vector<std::string> tokens, WordPieceOptions options)
     : tokens_(std::move(tokens)), options_(options) {
-  KILN_CHECK(options_.max_chars_per_word >= 1, "WordPiece: max_chars_per_word {} must be at least 1",
-             options_.max_chars_per_word);
+  KILN_CHECK(options_.max_chars_per_word >= 1,
+             "WordPiece: max_chars_per_word {} must be at least 1", options_.max_chars_per_word);
   ids_.reserve(tokens_.size());
   for (size_t i = 0; i < tokens_.size(); ++i) {
     KILN_CHECK(!tokens_[i].empty(), "WordPiece: token {} of the vocabulary is empty", i);
     const auto [it, added] = ids_.emplace(tokens_[i], static_cast<int64_t>(i));
-    KILN_CHECK(added, "WordPiece: token '{}' is in the vocabulary twice (ids {} and {})", tokens_[i],
-               it->second, i);
+    KILN_CHECK(added, "WordPiece: token '{}' is in the vocabulary twice (ids {} and {})",
+               tokens_[i], it->second, i);
   }
   const auto special = [&](std::string_view name) {
     const int64_t id = find(name);
-    KILN_CHECK(id >= 0, "WordPiece: the vocabulary ({} tokens) lacks the special token {}", tokens_.size(), name);
+    KILN_CHECK(id >= 0, "WordPiece: the vocabulary ({} tokens) lacks the special token {}",
+               tokens_.size(), name);
     return id;
   };
   pad_ = special(kPadToken);
@@ -193,18 +205,21 @@ WordPiece::WordPiece(std::vector<std::string> tokens, WordPieceOptions options)
 }
 
 WordPiece WordPiece::load(const std::filesystem::path& vocab_file, WordPieceOptions options) {
-  std::ifstream in(vocab_file, std::ios::binary);
-  KILN_CHECK(in.good() && !std::filesystem::is_directory(vocab_file), "WordPiece: cannot read vocabulary file {}",
-             vocab_file.string());
+  // Through RegularFile: a FIFO or a directory at the path is refused, not read forever.
+  const RegularFile file(vocab_file, "WordPiece");
+  std::string text(static_cast<size_t>(file.size()), '\0');
+  file.read_at(text.data(), text.size(), 0);
   std::vector<std::string> tokens;
-  std::string line;
-  while (std::getline(in, line)) {
+  for (size_t pos = 0; pos < text.size();) {
+    size_t end = text.find('\n', pos);
+    if (end == std::string::npos) end = text.size();
+    std::string line = text.substr(pos, end - pos);
+    pos = end + 1;
     if (!line.empty() && line.back() == '\r') line.pop_back();
-    KILN_CHECK(!line.empty(), "WordPiece: {}: line {} is empty (one token per line)", vocab_file.string(),
-               tokens.size() + 1);
+    KILN_CHECK(!line.empty(), "WordPiece: {}: line {} is empty (one token per line)",
+               vocab_file.string(), tokens.size() + 1);
     tokens.push_back(std::move(line));
   }
-  KILN_CHECK(!in.bad(), "WordPiece: error reading {}", vocab_file.string());
   try {
     return WordPiece(std::move(tokens), options);
   } catch (const Error& e) {
@@ -223,7 +238,8 @@ void WordPiece::save(const std::filesystem::path& vocab_file) const {
   }
   std::error_code ec;
   std::filesystem::rename(temp, vocab_file, ec);
-  KILN_CHECK(!ec, "WordPiece: cannot rename {} to {}: {}", temp.string(), vocab_file.string(), ec.message());
+  KILN_CHECK(!ec, "WordPiece: cannot rename {} to {}: {}", temp.string(), vocab_file.string(),
+             ec.message());
 }
 
 int64_t WordPiece::find(std::string_view token) const {
@@ -232,7 +248,8 @@ int64_t WordPiece::find(std::string_view token) const {
 }
 
 const std::string& WordPiece::token(int64_t id) const {
-  KILN_CHECK(id >= 0 && id < vocab_size(), "WordPiece: id {} outside the vocabulary [0, {})", id, vocab_size());
+  KILN_CHECK(id >= 0 && id < vocab_size(), "WordPiece: id {} outside the vocabulary [0, {})", id,
+             vocab_size());
   return tokens_[static_cast<size_t>(id)];
 }
 
@@ -323,13 +340,16 @@ std::vector<std::string> train_wordpiece(const std::vector<std::string>& documen
   std::set<std::string> alphabet;
   for (const auto& [w, n] : word_counts) {
     const std::vector<size_t> offsets = code_point_offsets(w);
-    for (size_t k = 0; k + 1 < offsets.size(); ++k) alphabet.insert(w.substr(offsets[k], offsets[k + 1] - offsets[k]));
+    for (size_t k = 0; k + 1 < offsets.size(); ++k)
+      alphabet.insert(w.substr(offsets[k], offsets[k + 1] - offsets[k]));
   }
-  std::vector<std::string> vocab{std::string(kPadToken), std::string(kUnkToken), std::string(kClsToken),
-                                 std::string(kSepToken), std::string(kMaskToken)};
+  std::vector<std::string> vocab{std::string(kPadToken), std::string(kUnkToken),
+                                 std::string(kClsToken), std::string(kSepToken),
+                                 std::string(kMaskToken)};
   const int64_t minimum = static_cast<int64_t>(vocab.size() + 2 * alphabet.size());
   KILN_CHECK(options.vocab_size >= minimum,
-             "train_wordpiece: vocab_size {} cannot hold the 5 special tokens and the corpus's {} characters "
+             "train_wordpiece: vocab_size {} cannot hold the 5 special tokens and the corpus's {} "
+             "characters "
              "(each as a word start and as a ## continuation): need at least {}",
              options.vocab_size, alphabet.size(), minimum);
   for (const std::string& c : alphabet) vocab.push_back(c);
@@ -341,7 +361,9 @@ std::vector<std::string> train_wordpiece(const std::vector<std::string>& documen
   std::vector<std::vector<int32_t>> words;
   std::vector<int64_t> freq;
   for (const auto& [w, n] : word_counts) {
-    if (static_cast<int64_t>(code_point_offsets(w).size() - 1) > options.tokenizer.max_chars_per_word) continue;
+    if (static_cast<int64_t>(code_point_offsets(w).size() - 1) >
+        options.tokenizer.max_chars_per_word)
+      continue;
     const std::vector<size_t> offsets = code_point_offsets(w);
     std::vector<int32_t> symbols;
     for (size_t k = 0; k + 1 < offsets.size(); ++k) {
@@ -353,7 +375,9 @@ std::vector<std::string> train_wordpiece(const std::vector<std::string>& documen
   }
 
   using Pair = uint64_t;
-  const auto make_pair = [](int32_t a, int32_t b) { return (static_cast<uint64_t>(a) << 32) | static_cast<uint32_t>(b); };
+  const auto make_pair = [](int32_t a, int32_t b) {
+    return (static_cast<uint64_t>(a) << 32) | static_cast<uint32_t>(b);
+  };
   const auto left = [](Pair p) { return static_cast<int32_t>(p >> 32); };
   const auto right = [](Pair p) { return static_cast<int32_t>(p & 0xFFFFFFFFu); };
   std::unordered_map<Pair, int64_t> pair_counts;
@@ -363,7 +387,8 @@ std::vector<std::string> train_wordpiece(const std::vector<std::string>& documen
       const Pair p = make_pair(words[w][k], words[w][k + 1]);
       pair_counts[p] += freq[w];
       std::vector<int32_t>& list = where[p];
-      if (list.empty() || list.back() != static_cast<int32_t>(w)) list.push_back(static_cast<int32_t>(w));
+      if (list.empty() || list.back() != static_cast<int32_t>(w))
+        list.push_back(static_cast<int32_t>(w));
     }
 
   // Most frequent first; equal counts by the pair's strings. Entries go stale as counts
@@ -384,7 +409,8 @@ std::vector<std::string> train_wordpiece(const std::vector<std::string>& documen
 
   std::vector<int64_t> visited(words.size(), -1);
   std::unordered_map<Pair, int64_t> delta;
-  for (int64_t merge = 0; static_cast<int64_t>(vocab.size()) < options.vocab_size && !heap.empty();) {
+  for (int64_t merge = 0;
+       static_cast<int64_t>(vocab.size()) < options.vocab_size && !heap.empty();) {
     const Entry top = heap.top();
     heap.pop();
     const auto it = pair_counts.find(top.pair);
@@ -430,8 +456,10 @@ std::vector<std::string> train_wordpiece(const std::vector<std::string>& documen
       if (d == 0) continue;
       int64_t& n = pair_counts[p];
       n += d;
-      if (n == 0) pair_counts.erase(p);
-      else if (d > 0) heap.push({n, p});
+      if (n == 0)
+        pair_counts.erase(p);
+      else if (d > 0)
+        heap.push({n, p});
     }
     ++merge;
   }
