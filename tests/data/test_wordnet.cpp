@@ -37,7 +37,7 @@ struct OneLineFile {
 
 TEST_CASE("WordNet data files: synsets parsed, the license header skipped", "[wordnet]") {
   const std::vector<WordnetSynset> nouns = data::read_wordnet_file(kFixture / "data.noun", 'n');
-  REQUIRE(nouns.size() == 3);
+  REQUIRE(nouns.size() == 4);
   CHECK(nouns[0].offset == 100);
   CHECK(nouns[0].lex_file == 5);
   CHECK(nouns[0].ss_type == 'n');
@@ -59,10 +59,10 @@ TEST_CASE("WordNet data files: synsets parsed, the license header skipped", "[wo
   CHECK(adjectives[2].gloss == "(of pottery) baked in a kiln");
 
   const std::vector<WordnetSynset> all = data::read_wordnet(kFixture);
-  REQUIRE(all.size() == 9);
-  CHECK(all[3].file_pos == 'v');
-  CHECK(all[8].file_pos == 'r');
-  CHECK(all[8].gloss == "at a slow pace; \"cool the kiln slowly\"");
+  REQUIRE(all.size() == 11);
+  CHECK(all[4].file_pos == 'v');
+  CHECK(all[9].file_pos == 'r');
+  CHECK(all[9].gloss == "at a slow pace; \"cool the kiln slowly\"");
 
   const auto& names = data::wordnet_lex_names();
   REQUIRE(names.size() == 45);
@@ -106,6 +106,11 @@ TEST_CASE("WordNet: the corpus and the task split the synsets in two", "[wordnet
   const data::TextTask train = data::wordnet_lex_task(all, Split::train);
   const data::TextTask val = data::wordnet_lex_task(all, Split::test);
   CHECK(train.texts.size() + val.texts.size() == all.size());
+  // The hash holds out noun 00001400 and adverb 00000800 (computed once, by hand).
+  CHECK(val.texts ==
+        std::vector<std::string>{"a furnace for firing or drying pottery; \"load the kiln\"",
+                                 "in a hot manner"});
+  CHECK(val.labels == std::vector<int64_t>{17, 2});
   CHECK(train.class_names.size() == 45);
   std::set<std::string> seen(train.texts.begin(), train.texts.end());
   for (const std::string& t : val.texts) CHECK(seen.count(t) == 0);
