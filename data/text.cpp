@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 
 #include <cmath>
-#include <map>
 
 #include "core/error.h"
 #include "core/ops/factory.h"
@@ -162,21 +161,60 @@ std::string MaskedLM::describe() const {
                      100 * options_.random_token_prob, base_->describe());
 }
 
-double unigram_entropy_bits(const std::vector<int32_t>& tokens, const WordPiece& tokenizer) {
-  std::map<int32_t, int64_t> counts;
+namespace {
+
+// The unigram probabilities of the non-special tokens of `tokens`, indexed by id (0 for the
+// special ids), and the number N of non-special ids.
+std::pair<std::vector<double>, int64_t> unigram(const std::vector<int32_t>& tokens,
+                                                const WordPiece& tokenizer, const char* who) {
+  std::vector<double> p(static_cast<size_t>(tokenizer.vocab_size()), 0.0);
   int64_t total = 0;
   for (int32_t id : tokens) {
+    KILN_CHECK(id >= 0 && id < tokenizer.vocab_size(),
+               "{}: token id {} outside the vocabulary [0, {})", who, id, tokenizer.vocab_size());
     if (tokenizer.is_special(id)) continue;
-    ++counts[id];
+    p[static_cast<size_t>(id)] += 1.0;
     ++total;
   }
-  KILN_CHECK(total > 0, "unigram_entropy_bits: no non-special tokens among {}", tokens.size());
+  KILN_CHECK(total > 0, "{}: no non-special tokens among {}", who, tokens.size());
+  for (double& x : p) x /= static_cast<double>(total);
+  int64_t ordinary = 0;
+  for (int64_t id = 0; id < tokenizer.vocab_size(); ++id)
+    ordinary += tokenizer.is_special(id) ? 0 : 1;
+  return {std::move(p), ordinary};
+}
+
+}  // namespace
+
+double unigram_entropy_bits(const std::vector<int32_t>& tokens, const WordPiece& tokenizer) {
+  const auto [p, n] = unigram(tokens, tokenizer, "unigram_entropy_bits");
   double h = 0.0;
-  for (const auto& [id, c] : counts) {
-    const double p = static_cast<double>(c) / static_cast<double>(total);
-    h -= p * std::log2(p);
-  }
+  for (double x : p)
+    if (x > 0) h -= x * std::log2(x);
   return h;
+}
+
+double masked_lm_baseline_bits(const std::vector<int32_t>& tokens, const WordPiece& tokenizer,
+                               const MaskedLMOptions& options) {
+  const auto [p, count] = unigram(tokens, tokenizer, "masked_lm_baseline_bits");
+  const auto n = static_cast<double>(count);
+  const double keep = std::max(0.0, 1.0 - options.mask_token_prob - options.random_token_prob);
+  double h = 0.0;
+  for (double x : p)
+    if (x > 0) h -= x * std::log2(x);
+  if (options.random_token_prob == 0)
+    return options.mask_token_prob * h;  // unchanged: answer shown
+  // r N p_x: how much likelier "unchanged" than "random" makes x the original.
+  const double r = keep / options.random_token_prob;
+  double spread = 0.0, unchanged = 0.0;
+  for (int64_t id = 0; id < tokenizer.vocab_size(); ++id) {
+    if (tokenizer.is_special(id)) continue;
+    const double x = p[static_cast<size_t>(id)];
+    spread += std::log2(1.0 + r * n * x);
+    if (x > 0) unchanged += x * std::log2((r * n * x + 1.0) / (x * (r * n + 1.0)));
+  }
+  const double random = h + (spread - std::log2(1.0 + r * n)) / n;
+  return options.mask_token_prob * h + options.random_token_prob * random + keep * unchanged;
 }
 
 }  // namespace kiln::data

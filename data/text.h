@@ -123,4 +123,18 @@ class MaskedLM : public Dataset {
 // language model's loss (in nats: times ln 2) should fall well below.
 double unigram_entropy_bits(const std::vector<int32_t>& tokens, const WordPiece& tokenizer);
 
+// The masked-LM loss, in bits per predicted token, of the best model that sees no context
+// (only the corrupted token at the position), for the unigram distribution of `tokens`:
+// below unigram_entropy_bits, because a position left unchanged shows its answer. With
+// p_x the unigram probabilities over the N non-special ids, H their entropy, and r =
+// keep / random_token_prob (how much likelier "left unchanged" makes the token shown the
+// answer than "random" does: the posterior of o given x is p_o (r 1[o = x] + 1/N) /
+// (r p_x + 1/N)), the best loss is, shown
+//   [MASK]:           H
+//   a random token:   H + (sum_x log2(1 + r N p_x) - log2(1 + r N)) / N
+//   the token itself: sum_x p_x log2((r N p_x + 1) / (p_x (r N + 1)))
+// weighted mask_token_prob, random_token_prob and keep = 1 - the two.
+double masked_lm_baseline_bits(const std::vector<int32_t>& tokens, const WordPiece& tokenizer,
+                               const MaskedLMOptions& options = {});
+
 }  // namespace kiln::data

@@ -111,8 +111,12 @@ int run(const Args& args) {
              corpus.documents(), tokens,
              static_cast<double>(tokens) / static_cast<double>(corpus.documents()), unknown,
              corpus.size());
-  fmt::print("unigram entropy: {:.3f} bits per token = {:.3f} nats (a masked-LM loss baseline)\n",
-             h, h * std::log(2.0));
+  fmt::print("unigram entropy: {:.3f} bits per token = {:.3f} nats\n", h, h * std::log(2.0));
+  const double b = data::masked_lm_baseline_bits(corpus.stream(), *tokenizer);
+  fmt::print(
+      "masked-LM loss without context (15%, 80/10/10): {:.3f} bits = {:.3f} nats per predicted "
+      "token\n",
+      b, b * std::log(2.0));
   const data::PackedText held_out(val.texts, tokenizer, 128, "validation glosses");
   const double h_val = data::unigram_entropy_bits(held_out.stream(), *tokenizer);
   fmt::print("validation glosses: unigram entropy {:.3f} bits per token = {:.3f} nats\n", h_val,

@@ -248,3 +248,47 @@ TEST_CASE("unigram entropy of a token stream, special tokens left out", "[text]"
   CHECK_THROWS_WITH(data::unigram_entropy_bits({2, 3}, *wp),
                     Catch::Contains("no non-special tokens"));
 }
+
+// The closed form against the definition: the expected -log2 of the posterior of the
+// original token o given the token shown, summed over every (o, shown) pair.
+TEST_CASE("the masked-LM baseline of a model without context, against brute force", "[text][mlm]") {
+  const auto wp = hand_tokenizer();
+  const std::vector<int32_t> tokens{2, 5, 5, 5, 7, 7, 8, 9, 10, 10, 10, 10, 3, 24};
+  std::vector<double> p(25, 0.0);
+  double total = 0;
+  for (int32_t id : tokens)
+    if (!wp->is_special(id)) p[static_cast<size_t>(id)] += 1, total += 1;
+  for (double& x : p) x /= total;
+  const double n = 20;  // non-special ids 5..24
+  const double h = data::unigram_entropy_bits(tokens, *wp);
+  for (const data::MaskedLMOptions options :
+       {data::MaskedLMOptions{},
+        data::MaskedLMOptions{.mask_token_prob = 0.7, .random_token_prob = 0.2},
+        data::MaskedLMOptions{.mask_token_prob = 0.9, .random_token_prob = 0.0}}) {
+    INFO("mask " << options.mask_token_prob << ", random " << options.random_token_prob);
+    const double keep = 1 - options.mask_token_prob - options.random_token_prob;
+    double expected = 0;
+    for (int o = 5; o < 25; ++o) {
+      const double po = p[static_cast<size_t>(o)];
+      if (po == 0) continue;
+      expected += po * options.mask_token_prob * -std::log2(po);  // [MASK] shown: the prior
+      for (int x = 5; x < 25; ++x) {
+        // Shown x with probability keep 1[o = x] + random / n; the posterior of o given x.
+        const double shown = (o == x ? keep : 0.0) + options.random_token_prob / n;
+        if (shown == 0) continue;
+        double z = 0;
+        for (int o2 = 5; o2 < 25; ++o2)
+          z +=
+              p[static_cast<size_t>(o2)] * ((o2 == x ? keep : 0.0) + options.random_token_prob / n);
+        expected += po * shown * -std::log2(po * shown / z);
+      }
+    }
+    const double baseline = data::masked_lm_baseline_bits(tokens, *wp, options);
+    CHECK(baseline == Approx(expected).epsilon(1e-12));
+    CHECK(baseline < h);
+  }
+  // Everything masked: the baseline is the entropy itself.
+  CHECK(data::masked_lm_baseline_bits(tokens, *wp,
+                                      {.mask_token_prob = 1.0, .random_token_prob = 0.0}) ==
+        Approx(h).epsilon(1e-12));
+}
