@@ -18,6 +18,27 @@ Tensor ids_tensor(const int32_t* ids, int64_t n) {
   return t;
 }
 
+// A wrapper's base must be a token-sequence data set padded with the tokenizer's [PAD].
+void check_token_base(const char* who, const std::shared_ptr<const Dataset>& base,
+                      const std::shared_ptr<const WordPiece>& tokenizer) {
+  KILN_CHECK(base != nullptr && tokenizer != nullptr,
+             "{}: the base data set or the tokenizer is null", who);
+  KILN_CHECK(base->padding_id().has_value(), "{}: {} is not a token-sequence data set", who,
+             base->describe());
+  KILN_CHECK(*base->padding_id() == tokenizer->pad_id(),
+             "{}: {} pads with id {}, but the tokenizer's [PAD] is {}", who, base->describe(),
+             *base->padding_id(), tokenizer->pad_id());
+}
+
+// The base sample of a wrapper, checked to be i64 [length].
+Sample token_sample(const char* who, const Dataset& base, int64_t index, SampleRng& rng) {
+  Sample s = base.get(index, rng);
+  KILN_CHECK(s.input.defined() && s.input.dtype() == DType::i64 && s.input.dim() == 1,
+             "{}: sample {} of {} is {}, not i64[length]", who, index, base.describe(),
+             s.input.defined() ? s.input.meta_str() : "undefined");
+  return s;
+}
+
 void check_index(const Dataset& d, int64_t index) {
   KILN_CHECK(index >= 0 && index < d.size(), "{}: sample {} outside [0, {})", d.describe(), index,
              d.size());
@@ -110,13 +131,7 @@ std::string TextClassification::describe() const {
 MaskedLM::MaskedLM(std::shared_ptr<const Dataset> base, std::shared_ptr<const WordPiece> tokenizer,
                    MaskedLMOptions options)
     : base_(std::move(base)), tokenizer_(std::move(tokenizer)), options_(options) {
-  KILN_CHECK(base_ != nullptr && tokenizer_ != nullptr,
-             "MaskedLM: the base data set or the tokenizer is null");
-  KILN_CHECK(base_->padding_id().has_value(), "MaskedLM: {} is not a token-sequence data set",
-             base_->describe());
-  KILN_CHECK(*base_->padding_id() == tokenizer_->pad_id(),
-             "MaskedLM: {} pads with id {}, but the tokenizer's [PAD] is {}", base_->describe(),
-             *base_->padding_id(), tokenizer_->pad_id());
+  check_token_base("MaskedLM", base_, tokenizer_);
   const auto in_unit = [](double p) { return p >= 0.0 && p <= 1.0; };
   KILN_CHECK(in_unit(options_.mask_prob) && in_unit(options_.mask_token_prob) &&
                  in_unit(options_.random_token_prob) &&
@@ -131,10 +146,7 @@ MaskedLM::MaskedLM(std::shared_ptr<const Dataset> base, std::shared_ptr<const Wo
 }
 
 Sample MaskedLM::get(int64_t index, SampleRng& rng) const {
-  Sample s = base_->get(index, rng);
-  KILN_CHECK(s.input.defined() && s.input.dtype() == DType::i64 && s.input.dim() == 1,
-             "MaskedLM: sample {} of {} is {}, not i64[length]", index, base_->describe(),
-             s.input.defined() ? s.input.meta_str() : "undefined");
+  Sample s = token_sample("MaskedLM", *base_, index, rng);
   Tensor input = s.input.contiguous().clone();
   const int64_t n = input.shape()[0];
   Tensor target = empty({n}, {.dtype = DType::i64});
@@ -159,6 +171,28 @@ std::string MaskedLM::describe() const {
   return fmt::format("masked LM ({}% of tokens: {}% [MASK], {}% random) over {}",
                      100 * options_.mask_prob, 100 * options_.mask_token_prob,
                      100 * options_.random_token_prob, base_->describe());
+}
+
+CausalLM::CausalLM(std::shared_ptr<const Dataset> base, std::shared_ptr<const WordPiece> tokenizer)
+    : base_(std::move(base)), tokenizer_(std::move(tokenizer)) {
+  check_token_base("CausalLM", base_, tokenizer_);
+}
+
+Sample CausalLM::get(int64_t index, SampleRng& rng) const {
+  Sample s = token_sample("CausalLM", *base_, index, rng);
+  s.input = s.input.contiguous();
+  const int64_t n = s.input.shape()[0];
+  const int64_t* ids = s.input.data_ptr<int64_t>();
+  Tensor target = empty({n}, {.dtype = DType::i64});
+  int64_t* out = target.data_ptr<int64_t>();
+  for (int64_t i = 0; i + 1 < n; ++i) out[i] = ids[i + 1];
+  out[n - 1] = kIgnoreIndex;
+  s.target = std::move(target);
+  return s;
+}
+
+std::string CausalLM::describe() const {
+  return fmt::format("causal LM over {}", base_->describe());
 }
 
 namespace {

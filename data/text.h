@@ -118,6 +118,27 @@ class MaskedLM : public Dataset {
   std::vector<int64_t> ordinary_;  // the non-special ids, for random replacements
 };
 
+// Next-token prediction over a token-sequence data set (causal LM, GPT-style): the
+// sample's target is its input shifted left by one, target[i] = input[i + 1], and
+// kIgnoreIndex at the last position (its next token is not in the sample), so a model's
+// logits at every position meet a plain cross-entropy with ignore_index -100.
+class CausalLM : public Dataset {
+ public:
+  // kiln::Error for a null base or tokenizer, a base that is not a token-sequence data set
+  // or pads with another id.
+  CausalLM(std::shared_ptr<const Dataset> base, std::shared_ptr<const WordPiece> tokenizer);
+  int64_t size() const override { return base_->size(); }
+  int64_t num_classes() const override { return tokenizer_->vocab_size(); }
+  std::vector<int64_t> sample_shape() const override { return base_->sample_shape(); }
+  std::optional<int64_t> padding_id() const override { return base_->padding_id(); }
+  Sample get(int64_t index, SampleRng& rng) const override;
+  std::string describe() const override;
+
+ private:
+  std::shared_ptr<const Dataset> base_;
+  std::shared_ptr<const WordPiece> tokenizer_;
+};
+
 // The entropy, in bits per token, of the unigram distribution of the non-special tokens
 // in `tokens`: the cross-entropy of the best model that ignores context, the baseline a
 // language model's loss (in nats: times ln 2) should fall well below.

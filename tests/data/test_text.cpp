@@ -292,3 +292,29 @@ TEST_CASE("the masked-LM baseline of a model without context, against brute forc
                                       {.mask_token_prob = 1.0, .random_token_prob = 0.0}) ==
         Approx(h).epsilon(1e-12));
 }
+
+TEST_CASE("CausalLM: the next token as each position's target", "[text]") {
+  const auto wp = hand_tokenizer();
+  const auto text = std::make_shared<const data::PackedText>(
+      std::vector<std::string>{"The fox", "quick fox jumps"}, wp, 5);
+  const auto lm = std::make_shared<const data::CausalLM>(text, wp);
+  CHECK(lm->num_classes() == 25);
+  data::Loader loader(lm, {.batch_size = 2});
+  int64_t batches = 0;
+  for (data::Batch& b : loader.epoch(0)) {
+    ++batches;
+    // Stream: the fox [SEP] quick fox jump ##s [SEP]; blocks [CLS] the fox [SEP] quick and
+    // [CLS] fox jump ##s [SEP].
+    CHECK(row(b.input, 0) == std::vector<int64_t>{2, 5, 7, 3, 6});
+    CHECK(row(b.target, 0) == std::vector<int64_t>{5, 7, 3, 6, data::kIgnoreIndex});
+    CHECK(row(b.target, 1) == std::vector<int64_t>{7, 8, 9, 3, data::kIgnoreIndex});
+  }
+  CHECK(batches == 1);
+  const data::TextTask task{{"fox"}, {0}, {"a"}};
+  const auto other = std::make_shared<const WordPiece>(
+      std::vector<std::string>{"[UNK]", "[PAD]", "[CLS]", "[SEP]", "[MASK]"});
+  CHECK_THROWS_WITH(
+      data::CausalLM(std::make_shared<const data::TextClassification>(task, wp, 8), other),
+      Catch::Contains("pads with id 0, but the tokenizer's [PAD] is 1"));
+  CHECK_THROWS_WITH(data::CausalLM(nullptr, wp), Catch::Contains("null"));
+}
