@@ -28,6 +28,7 @@ struct Args {
   int64_t vocab_size = 4096;
   std::vector<int64_t> lengths{32, 64, 128};  // max_length values to report truncation at
   std::filesystem::path out;
+  bool classes = false;  // print each class's counts
 };
 
 int64_t parse_count(const std::string& flag, const char* text) {
@@ -44,8 +45,13 @@ Args parse_args(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     if (flag == "-h" || flag == "--help") {
-      std::cout << "usage: kiln-text [--wordnet DIR] [--vocab-size N] [--out vocab.txt]\n";
+      std::cout
+          << "usage: kiln-text [--wordnet DIR] [--vocab-size N] [--out vocab.txt] [--classes]\n";
       std::exit(0);
+    }
+    if (flag == "--classes") {
+      args.classes = true;
+      continue;
     }
     KILN_CHECK(i + 1 < argc, "kiln-text: {} needs a value", flag);
     const char* value = argv[++i];
@@ -90,6 +96,15 @@ int run(const Args& args) {
       "majority class: {} ({:.2f}% of training glosses); {} ({:.2f}% of validation glosses)\n",
       names[static_cast<size_t>(train_top)], 100 * train_share, names[static_cast<size_t>(val_top)],
       100 * val_share);
+
+  if (args.classes) {
+    std::vector<int64_t> train_counts(names.size(), 0), val_counts(names.size(), 0);
+    for (int64_t l : train.labels) ++train_counts[static_cast<size_t>(l)];
+    for (int64_t l : val.labels) ++val_counts[static_cast<size_t>(l)];
+    fmt::print("{:>3} {:<20} {:>8} {:>10}\n", "id", "lexicographer file", "training", "validation");
+    for (size_t k = 0; k < names.size(); ++k)
+      fmt::print("{:>3} {:<20} {:>8} {:>10}\n", k, names[k], train_counts[k], val_counts[k]);
+  }
 
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<std::string> vocab =
