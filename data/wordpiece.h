@@ -85,7 +85,7 @@ std::vector<std::string> basic_tokenize(std::string_view text, const WordPieceOp
 struct WordPieceTrainOptions {
   int64_t vocab_size = 8192;   // specials + alphabet + merges, at most
   int64_t min_frequency = 2;   // a pair seen fewer times in the corpus is never merged
-  WordPieceOptions tokenizer;  // the basic tokenization the corpus is split with
+  WordPieceOptions tokenizer = {};  // the basic tokenization the corpus is split with
 };
 
 // Builds a vocabulary from `documents`. The alphabet (every character of the corpus, both
