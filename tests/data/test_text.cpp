@@ -318,3 +318,69 @@ TEST_CASE("CausalLM: the next token as each position's target", "[text]") {
       Catch::Contains("pads with id 0, but the tokenizer's [PAD] is 1"));
   CHECK_THROWS_WITH(data::CausalLM(nullptr, wp), Catch::Contains("null"));
 }
+
+namespace {
+
+// A token-sequence data set that returns one kind of wrong sample, for the loader's checks.
+class WrongTokens : public data::Dataset {
+ public:
+  enum class Kind {
+    floats,
+    empty,
+    too_long,
+    target_out_of_range,
+    mixed_targets,
+    label_out_of_range
+  };
+  explicit WrongTokens(Kind kind) : kind_(kind) {}
+  int64_t size() const override { return 2; }
+  int64_t num_classes() const override { return 5; }
+  std::vector<int64_t> sample_shape() const override { return {4}; }
+  std::optional<int64_t> padding_id() const override { return 0; }
+  data::Sample get(int64_t index, data::SampleRng&) const override {
+    data::Sample s{from_vector<int64_t>({2, 3}), 0};
+    switch (kind_) {
+      case Kind::floats:
+        s.input = from_vector<float>({2, 3});
+        break;
+      case Kind::empty:
+        s.input = empty({0}, {.dtype = DType::i64});
+        break;
+      case Kind::too_long:
+        s.input = from_vector<int64_t>({2, 1, 1, 1, 3});
+        break;
+      case Kind::target_out_of_range:
+        s.target = from_vector<int64_t>({-100, 5});
+        break;
+      case Kind::mixed_targets:
+        if (index == 1) s.target = from_vector<int64_t>({-100, 1});
+        break;
+      case Kind::label_out_of_range:
+        s.label = 7;
+        break;
+    }
+    return s;
+  }
+  std::string describe() const override { return "wrong tokens"; }
+
+ private:
+  Kind kind_;
+};
+
+}  // namespace
+
+TEST_CASE("the loader refuses token samples of the wrong kind, naming the sample", "[text]") {
+  using Kind = WrongTokens::Kind;
+  const auto refuse = [](Kind kind, const std::string& message) {
+    Loader loader(std::make_shared<WrongTokens>(kind), {.batch_size = 2});
+    auto epoch = loader.epoch(0);
+    CHECK_THROWS_WITH(epoch.begin(), Catch::Contains(message));
+  };
+  refuse(Kind::floats,
+         "sample 0 is f32[2] cpu, but a token-sequence data set's samples are i64[length]");
+  refuse(Kind::empty, "sample 0 is i64[0] cpu");
+  refuse(Kind::too_long, "1 <= length <= 4");
+  refuse(Kind::target_out_of_range, "sample 0 has target 5 at token 1, neither -100 nor in [0, 5)");
+  refuse(Kind::mixed_targets, "sample 1 has per-token targets but sample 0 lacks");
+  refuse(Kind::label_out_of_range, "sample 0 has label 7, outside [0, 5)");
+}
