@@ -108,8 +108,14 @@ char32_t to_lower(char32_t c) {
   if (c == 0x178) return 0xFF;
   if ((c >= 0x100 && c <= 0x137) || (c >= 0x14A && c <= 0x177)) return (c % 2 == 0) ? c + 1 : c;
   if ((c >= 0x139 && c <= 0x148) || (c >= 0x179 && c <= 0x17E)) return (c % 2 == 1) ? c + 1 : c;
-  if (c >= 0x391 && c <= 0x3A9 && c != 0x3A2) return c + 32;  // Greek
-  if (c >= 0x410 && c <= 0x42F) return c + 32;                // Cyrillic
+  if (c == 0x1C4 || c == 0x1C7 || c == 0x1CA) return c + 2;   // the digraphs DŽ, LJ, NJ
+  if (c == 0x1C5 || c == 0x1C8 || c == 0x1CB) return c + 1;   // and their title cases
+  if (c >= 0x391 && c <= 0x3AB && c != 0x3A2) return c + 32;  // Greek
+  if (c == 0x386) return 0x3AC;
+  if (c >= 0x388 && c <= 0x38A) return c + 37;
+  if (c == 0x38C) return 0x3CC;
+  if (c == 0x38E || c == 0x38F) return c + 63;
+  if (c >= 0x410 && c <= 0x42F) return c + 32;  // Cyrillic
   if (c >= 0x400 && c <= 0x40F) return c + 80;
   return c;
 }
@@ -124,15 +130,81 @@ constexpr std::string_view kLatinExtABase =
     "UuUuUuUuUuUuWwYyYZzZzZz.";
 static_assert(kLatin1Base.size() == 64 && kLatinExtABase.size() == 128);
 
-// Accent stripping: NFD, then the combining marks (U+0300 to U+036F) dropped. Returns 0 for
-// a character that is itself a combining mark.
+// Accent stripping: NFD, then the combining marks (U+0300 to U+036F) dropped, for Latin-1,
+// Latin Extended-A, Greek and Cyrillic. Returns 0 for a character that is itself a
+// combining mark.
 char32_t strip_accent(char32_t c) {
   if (c >= 0x300 && c <= 0x36F) return 0;
   if (c >= 0xC0 && c <= 0xFF && kLatin1Base[c - 0xC0] != '.')
     return static_cast<char32_t>(kLatin1Base[c - 0xC0]);
   if (c >= 0x100 && c <= 0x17F && kLatinExtABase[c - 0x100] != '.')
     return static_cast<char32_t>(kLatinExtABase[c - 0x100]);
-  return c;
+  switch (c) {  // Greek with tonos or dialytika, Cyrillic with breve or diaeresis
+    case 0x386:
+      return 0x391;
+    case 0x388:
+      return 0x395;
+    case 0x389:
+      return 0x397;
+    case 0x38A:
+    case 0x3AA:
+      return 0x399;
+    case 0x38C:
+      return 0x39F;
+    case 0x38E:
+    case 0x3AB:
+      return 0x3A5;
+    case 0x38F:
+      return 0x3A9;
+    case 0x3AC:
+      return 0x3B1;
+    case 0x3AD:
+      return 0x3B5;
+    case 0x3AE:
+      return 0x3B7;
+    case 0x3AF:
+    case 0x390:
+    case 0x3CA:
+      return 0x3B9;
+    case 0x3CC:
+      return 0x3BF;
+    case 0x3CD:
+    case 0x3B0:
+    case 0x3CB:
+      return 0x3C5;
+    case 0x3CE:
+      return 0x3C9;
+    case 0x400:
+    case 0x401:
+      return 0x415;
+    case 0x403:
+      return 0x413;
+    case 0x407:
+      return 0x406;
+    case 0x40C:
+      return 0x41A;
+    case 0x40D:
+    case 0x419:
+      return 0x418;
+    case 0x40E:
+      return 0x423;
+    case 0x450:
+    case 0x451:
+      return 0x435;
+    case 0x453:
+      return 0x433;
+    case 0x457:
+      return 0x456;
+    case 0x45C:
+      return 0x43A;
+    case 0x45D:
+    case 0x439:
+      return 0x438;
+    case 0x45E:
+      return 0x443;
+    default:
+      return c;
+  }
 }
 
 // Offsets of the code points of valid UTF-8 `word`, plus its size at the end.

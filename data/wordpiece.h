@@ -9,9 +9,11 @@
 //   std::vector<int64_t> ids = wp.encode("Hello, world!");   // [CLS] hello , world ! [SEP]
 //
 // Unicode: text is UTF-8 (invalid UTF-8 is a kiln::Error). Lower-casing and accent
-// stripping cover ASCII, Latin-1, Latin Extended-A, Greek and Cyrillic capitals (without
-// ICU, other scripts pass through unchanged); punctuation is ASCII's plus the Latin-1,
-// General Punctuation, CJK and full-width punctuation blocks.
+// stripping cover ASCII, Latin-1, Latin Extended-A (and its digraphs DŽ, LJ, NJ), Greek and
+// Cyrillic (without ICU, other scripts pass through unchanged); punctuation is ASCII's plus
+// the Latin-1, General Punctuation, CJK and full-width punctuation blocks. On WordNet's
+// glosses and on text in those scripts the ids equal those of Hugging Face's
+// BertWordPieceTokenizer (tools/wordpiece_parity.py).
 #include <cstdint>
 #include <filesystem>
 #include <string>

@@ -5,6 +5,7 @@
 //   kiln-text                                  # figures for a 4096-token vocabulary
 //   kiln-text --vocab-size 8192 --out vocab.txt
 //   kiln-text --wordnet tests/data/wordnet     # another copy of WordNet's data files
+//   kiln-text --vocab vocab.txt --encode FILE  # each line of FILE as ids ([CLS] ... [SEP])
 #include <fmt/format.h>
 #include <kiln.h>
 
@@ -13,6 +14,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -28,7 +30,9 @@ struct Args {
   int64_t vocab_size = 4096;
   std::vector<int64_t> lengths{32, 64, 128};  // max_length values to report truncation at
   std::filesystem::path out;
-  bool classes = false;  // print each class's counts
+  bool classes = false;          // print each class's counts
+  std::filesystem::path vocab;   // with --encode: the vocabulary to encode with
+  std::filesystem::path encode;  // a text file to encode, one line at a time
 };
 
 int64_t parse_count(const std::string& flag, const char* text) {
@@ -45,8 +49,8 @@ Args parse_args(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     if (flag == "-h" || flag == "--help") {
-      std::cout
-          << "usage: kiln-text [--wordnet DIR] [--vocab-size N] [--out vocab.txt] [--classes]\n";
+      std::cout << "usage: kiln-text [--wordnet DIR] [--vocab-size N] [--out vocab.txt] "
+                   "[--classes]\n       kiln-text --vocab vocab.txt --encode FILE\n";
       std::exit(0);
     }
     if (flag == "--classes") {
@@ -61,6 +65,10 @@ Args parse_args(int argc, char** argv) {
       args.vocab_size = parse_count(flag, value);
     else if (flag == "--out")
       args.out = value;
+    else if (flag == "--vocab")
+      args.vocab = value;
+    else if (flag == "--encode")
+      args.encode = value;
     else
       fail("kiln-text: unknown option {} (see --help)", flag);
   }
@@ -75,7 +83,25 @@ std::pair<int64_t, double> majority(const std::vector<int64_t>& labels, int64_t 
   return {top - counts.begin(), static_cast<double>(*top) / static_cast<double>(labels.size())};
 }
 
+// Each line of args.encode as ids, space-separated, one line each (BERT's uncased
+// tokenization); for comparing with another tokenizer.
+int encode_lines(const Args& args) {
+  KILN_CHECK(!args.vocab.empty(), "kiln-text: --encode needs --vocab");
+  const data::WordPiece wp = data::WordPiece::load(args.vocab);
+  std::ifstream in(args.encode, std::ios::binary);
+  KILN_CHECK(in.good(), "kiln-text: cannot read {}", args.encode.string());
+  std::string line;
+  std::string out;
+  while (std::getline(in, line)) {
+    out.clear();
+    for (int64_t id : wp.encode(line)) out += fmt::format("{}{}", out.empty() ? "" : " ", id);
+    fmt::print("{}\n", out);
+  }
+  return 0;
+}
+
 int run(const Args& args) {
+  if (!args.encode.empty()) return encode_lines(args);
   const auto start = std::chrono::steady_clock::now();
   const std::vector<data::WordnetSynset> synsets = data::read_wordnet(args.wordnet);
   const data::TextTask train = data::wordnet_lex_task(synsets, data::Split::train);

@@ -42,6 +42,9 @@ TEST_CASE("basic tokenization splits punctuation, lower-cases and strips accents
         std::vector<std::string>{"aeiou", "angstrom", "łodz"});  // Ł has no decomposition
   CHECK(data::basic_tokenize("don't (re-)use $5", uncased) ==
         std::vector<std::string>{"don", "'", "t", "(", "re", "-", ")", "use", "$", "5"});
+  // Greek and Cyrillic (what Hugging Face's BertWordPieceTokenizer gives for these).
+  CHECK(data::basic_tokenize("ΑΒΓ Δέλτα Ύψος Привет Ёлка Йод ΟΔΟΣ ǅ", uncased) ==
+        std::vector<std::string>{"αβγ", "δελτα", "υψος", "привет", "елка", "иод", "οδοσ", "ǆ"});
   // A combining accent after the letter is dropped too (the NFD form of "é").
   CHECK(data::basic_tokenize("cafe\xcc\x81", uncased) == std::vector<std::string>{"cafe"});
   const WordPieceOptions cased{.lower_case = false, .strip_accents = false};
