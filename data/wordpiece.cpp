@@ -409,23 +409,29 @@ std::vector<std::string> train_wordpiece(const std::vector<std::string>& documen
   for (const std::string& doc : documents)
     for (std::string& w : basic_tokenize(doc, options.tokenizer)) ++word_counts[std::move(w)];
 
+  // The alphabet: each character in the form it takes in the words, "c" where it starts one,
+  // "##c" where it continues one (a punctuation mark, always a word of its own, gets no ##
+  // form). Words past max_chars_per_word are [UNK] whatever the vocabulary, and left out.
+  const auto too_long = [&](const std::vector<size_t>& offsets) {
+    return static_cast<int64_t>(offsets.size() - 1) > options.tokenizer.max_chars_per_word;
+  };
   std::set<std::string> alphabet;
   for (const auto& [w, n] : word_counts) {
     const std::vector<size_t> offsets = code_point_offsets(w);
+    if (too_long(offsets)) continue;
     for (size_t k = 0; k + 1 < offsets.size(); ++k)
-      alphabet.insert(w.substr(offsets[k], offsets[k + 1] - offsets[k]));
+      alphabet.insert((k == 0 ? "" : std::string(kContinuation)) +
+                      w.substr(offsets[k], offsets[k + 1] - offsets[k]));
   }
   std::vector<std::string> vocab{std::string(kPadToken), std::string(kUnkToken),
                                  std::string(kClsToken), std::string(kSepToken),
                                  std::string(kMaskToken)};
-  const int64_t minimum = static_cast<int64_t>(vocab.size() + 2 * alphabet.size());
+  const int64_t minimum = static_cast<int64_t>(vocab.size() + alphabet.size());
   KILN_CHECK(options.vocab_size >= minimum,
-             "train_wordpiece: vocab_size {} cannot hold the 5 special tokens and the corpus's {} "
-             "characters "
-             "(each as a word start and as a ## continuation): need at least {}",
+             "train_wordpiece: vocab_size {} cannot hold the 5 special tokens and the corpus's "
+             "alphabet of {} (characters as word starts and as ## continuations): need at least {}",
              options.vocab_size, alphabet.size(), minimum);
-  for (const std::string& c : alphabet) vocab.push_back(c);
-  for (const std::string& c : alphabet) vocab.push_back(std::string(kContinuation) + c);
+  vocab.insert(vocab.end(), alphabet.begin(), alphabet.end());
   std::unordered_map<std::string, int32_t> symbol_ids;
   for (size_t i = 0; i < vocab.size(); ++i) symbol_ids.emplace(vocab[i], static_cast<int32_t>(i));
 
@@ -433,10 +439,8 @@ std::vector<std::string> train_wordpiece(const std::vector<std::string>& documen
   std::vector<std::vector<int32_t>> words;
   std::vector<int64_t> freq;
   for (const auto& [w, n] : word_counts) {
-    if (static_cast<int64_t>(code_point_offsets(w).size() - 1) >
-        options.tokenizer.max_chars_per_word)
-      continue;
     const std::vector<size_t> offsets = code_point_offsets(w);
+    if (too_long(offsets)) continue;
     std::vector<int32_t> symbols;
     for (size_t k = 0; k + 1 < offsets.size(); ++k) {
       const std::string c = w.substr(offsets[k], offsets[k + 1] - offsets[k]);

@@ -90,8 +90,9 @@ struct WordPieceTrainOptions {
   WordPieceOptions tokenizer = {};  // the basic tokenization the corpus is split with
 };
 
-// Builds a vocabulary from `documents`. The alphabet (every character of the corpus, both
-// as a word start "c" and as a continuation "##c") comes after the five specials; then
+// Builds a vocabulary from `documents`. The alphabet (each character of the corpus as it
+// occurs: "c" where it starts a word, "##c" where it continues one; in byte order) comes
+// after the five specials; then
 // pairs of adjacent pieces are merged, most frequent first (counted over all words,
 // weighted by how often each word occurs: byte-pair encoding's rule, which Hugging Face's
 // WordPiece trainer also uses, rather than the likelihood score count(ab) / (count(a)
