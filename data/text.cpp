@@ -168,7 +168,7 @@ Sample MaskedLM::get(int64_t index, SampleRng& rng) const {
 }
 
 std::string MaskedLM::describe() const {
-  return fmt::format("masked LM ({}% of tokens: {}% [MASK], {}% random) over {}",
+  return fmt::format("masked LM ({:g}% of tokens: {:g}% [MASK], {:g}% random) over {}",
                      100 * options_.mask_prob, 100 * options_.mask_token_prob,
                      100 * options_.random_token_prob, base_->describe());
 }

@@ -160,6 +160,8 @@ TEST_CASE("MaskedLM: 15% of the tokens, 80/10/10, within binomial bounds", "[tex
   const auto text = std::make_shared<const data::PackedText>(docs, wp, 64);
   const auto mlm = std::make_shared<const data::MaskedLM>(text, wp);
   CHECK(mlm->num_classes() == wp->vocab_size());
+  CHECK(mlm->describe() ==
+        "masked LM (15% of tokens: 80% [MASK], 10% random) over " + text->describe());
   Loader loader(mlm, {.batch_size = 16, .seed = 11});
 
   int64_t ordinary = 0, chosen = 0, masked = 0, random = 0, kept = 0;
@@ -383,4 +385,24 @@ TEST_CASE("the loader refuses token samples of the wrong kind, naming the sample
   refuse(Kind::target_out_of_range, "sample 0 has target 5 at token 1, neither -100 nor in [0, 5)");
   refuse(Kind::mixed_targets, "sample 1 has per-token targets but sample 0 lacks");
   refuse(Kind::label_out_of_range, "sample 0 has label 7, outside [0, 5)");
+}
+
+TEST_CASE("MaskedLM over single glosses: per-token targets in bucketed batches", "[text][mlm]") {
+  const auto wp = hand_tokenizer();
+  data::TextTask task{
+      {"the fox", "the quick brown fox jumps over the lazy dog", "a red cat sat on the mat"},
+      {0, 0, 0},
+      {"all"}};
+  const auto glosses = std::make_shared<const data::TextClassification>(task, wp, 32);
+  const auto mlm =
+      std::make_shared<const data::MaskedLM>(glosses, wp, data::MaskedLMOptions{.mask_prob = 1.0});
+  data::Loader loader(mlm, {.batch_size = 3, .pad_multiple = 8});
+  for (data::Batch& b : loader.epoch(0)) {
+    REQUIRE(b.input.shape() == Shape{3, 16});  // the longest, 12 tokens, rounded up to 16
+    REQUIRE(b.target.shape() == Shape{3, 16});
+    // mask_prob 1: every non-special token is a target; [CLS], [SEP] and padding are not.
+    CHECK(row(b.target, 0) == std::vector<int64_t>{-100, 5, 7, -100, -100, -100, -100, -100, -100,
+                                                   -100, -100, -100, -100, -100, -100, -100});
+    CHECK(row(b.mask, 0) == std::vector<int64_t>{1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0});
+  }
 }
