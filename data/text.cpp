@@ -80,8 +80,9 @@ Sample PackedText::get(int64_t index, SampleRng&) const {
 }
 
 std::string PackedText::describe() const {
-  return fmt::format("{}: {} blocks of {} tokens ({} documents, {} tokens, vocabulary {})", name_,
-                     size(), seq_len_, documents_, stream_.size(), tokenizer_->vocab_size());
+  return fmt::format(
+      "{}: {} blocks of {} tokens ({} documents, {} tokens with their [SEP]s, vocabulary {})",
+      name_, size(), seq_len_, documents_, stream_.size(), tokenizer_->vocab_size());
 }
 
 TextClassification::TextClassification(const TextTask& task,

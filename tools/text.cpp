@@ -179,10 +179,11 @@ int run(const Args& args) {
   const int64_t tokens =
       static_cast<int64_t>(corpus.stream().size()) - corpus.documents();  // no [SEP]s
   const double h = data::unigram_entropy_bits(corpus.stream(), *tokenizer);
-  fmt::print("corpus: {} glosses, {} tokens ({:.2f} a gloss, {} [UNK]), {} blocks of 128\n",
-             corpus.documents(), tokens,
-             static_cast<double>(tokens) / static_cast<double>(corpus.documents()), unknown,
-             corpus.size());
+  fmt::print(
+      "corpus: {} glosses, {} tokens without [SEP]s ({:.2f} a gloss, {} [UNK]), {} blocks of 128\n",
+      corpus.documents(), tokens,
+      static_cast<double>(tokens) / static_cast<double>(corpus.documents()), unknown,
+      corpus.size());
   fmt::print("unigram entropy: {:.3f} bits per token = {:.3f} nats\n", h, h * std::log(2.0));
   const double b = data::masked_lm_baseline_bits(corpus.stream(), *tokenizer);
   fmt::print(

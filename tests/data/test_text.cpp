@@ -45,7 +45,7 @@ TEST_CASE("PackedText: documents joined by [SEP], cut into [CLS]-led blocks", "[
   CHECK(text->sample_shape() == std::vector<int64_t>{5});
   CHECK(text->padding_id() == 0);
   CHECK(text->num_classes() == 25);
-  CHECK(text->describe() == "tiny: 3 blocks of 5 tokens (3 documents, 9 tokens, vocabulary 25)");
+  CHECK(text->describe() == "tiny: 3 blocks of 5 tokens (3 documents, 9 tokens with their [SEP]s, vocabulary 25)");
   data::SampleRng rng(0, 0, 0);
   CHECK(values(text->get(0, rng).input) == std::vector<int64_t>{2, 5, 7, 3, 6});
   CHECK(values(text->get(1, rng).input) == std::vector<int64_t>{2, 7, 8, 9, 3});
