@@ -35,6 +35,9 @@ Loader::Loader(std::shared_ptr<const Dataset> dataset, LoaderOptions options)
   KILN_CHECK(options_.world_size >= 1 && options_.rank >= 0 && options_.rank < options_.world_size,
              "Loader: rank {} of world_size {}: need world_size >= 1 and 0 <= rank < world_size", options_.rank,
              options_.world_size);
+  KILN_CHECK(options_.pad_multiple >= 0,
+             "Loader: pad_multiple {} must be 0 (pad to the full length) or more",
+             options_.pad_multiple);
   KILN_CHECK(options_.batch_size >= options_.world_size,
              "Loader: a global batch_size of {} cannot give each of {} ranks a sample", options_.batch_size,
              options_.world_size);
@@ -88,6 +91,120 @@ struct Loader::Epoch::Impl {
 
   int64_t window() const { return options.workers * options.prefetch; }
 
+  Tensor new_tensor(const Shape& shape, DType dtype) const {
+    return options.pin_memory && cuda::is_available() ? cuda::empty_pinned(shape, dtype)
+                                                      : empty(shape, {.dtype = dtype});
+  }
+
+  // Samples of one fixed shape (images) stacked: f32 [n, ...sample_shape], labels i64 [n].
+  Batch collate_fixed(const std::vector<Sample>& samples,
+                      const std::vector<int64_t>& indices) const {
+    Shape batch_shape = sample_shape;
+    batch_shape.insert(batch_shape.begin(), static_cast<int64_t>(samples.size()));
+    Batch batch;
+    const Shape target_shape{static_cast<int64_t>(samples.size())};
+    batch.input = new_tensor(batch_shape, DType::f32);
+    batch.target = new_tensor(target_shape, DType::i64);
+    // Plain memcpy rather than tensor ops: this runs in worker threads, and the ops may
+    // start OpenMP teams of their own.
+    auto* input = static_cast<char*>(batch.input.data_ptr());
+    int64_t* target = batch.target.data_ptr<int64_t>();
+    const int64_t num_classes = dataset->num_classes();
+    const size_t sample_bytes = static_cast<size_t>(numel_of(sample_shape)) * sizeof(float);
+    for (size_t s = 0; s < samples.size(); ++s) {
+      const Tensor& x = samples[s].input;
+      KILN_CHECK(!samples[s].target.defined(),
+                 "Loader: sample {} has per-token targets, but the dataset is not a token-sequence "
+                 "data set "
+                 "(padding_id() is empty)",
+                 indices[s]);
+      KILN_CHECK(x.defined() && x.dtype() == DType::f32 && x.device().is_cpu() &&
+                     x.shape() == sample_shape,
+                 "Loader: sample {} is {}, but the dataset's sample_shape() is f32[{}] cpu",
+                 indices[s], x.defined() ? x.meta_str() : "undefined",
+                 fmt::join(sample_shape, ","));
+      const Tensor contiguous = x.contiguous();
+      std::memcpy(input + s * sample_bytes, contiguous.data_ptr(), sample_bytes);
+      const int64_t label = samples[s].label;
+      KILN_CHECK(label >= 0 && label < num_classes,
+                 "Loader: sample {} has label {}, outside [0, {})", indices[s], label, num_classes);
+      target[s] = label;
+    }
+    return batch;
+  }
+
+  // Token sequences (i64 [length] each) padded to one length: input and mask i64 [n, L],
+  // target i64 [n] (labels) or [n, L] (per-token targets, kIgnoreIndex on padding).
+  Batch collate_sequences(const std::vector<Sample>& samples,
+                          const std::vector<int64_t>& indices) const {
+    KILN_CHECK(sample_shape.size() == 1 && sample_shape[0] >= 1,
+               "Loader: a token-sequence data set's sample_shape() must be [max_length], not [{}]",
+               fmt::join(sample_shape, ","));
+    const int64_t full = sample_shape[0];
+    const int64_t num_classes = dataset->num_classes();
+    const bool per_token = samples.front().target.defined();
+    int64_t longest = 0;
+    for (size_t s = 0; s < samples.size(); ++s) {
+      const Tensor& x = samples[s].input;
+      KILN_CHECK(x.defined() && x.dtype() == DType::i64 && x.device().is_cpu() && x.dim() == 1 &&
+                     x.shape()[0] >= 1 && x.shape()[0] <= full,
+                 "Loader: sample {} is {}, but a token-sequence data set's samples are i64[length] "
+                 "cpu with "
+                 "1 <= length <= {}",
+                 indices[s], x.defined() ? x.meta_str() : "undefined", full);
+      const Tensor& t = samples[s].target;
+      KILN_CHECK(t.defined() == per_token,
+                 "Loader: sample {} {} per-token targets but sample {} {}: a batch cannot mix them",
+                 indices[s], t.defined() ? "has" : "lacks", indices[0],
+                 per_token ? "has" : "lacks");
+      KILN_CHECK(
+          !per_token || (t.dtype() == DType::i64 && t.device().is_cpu() && t.shape() == x.shape()),
+          "Loader: sample {}'s per-token targets are {}, but its input is {}", indices[s],
+          per_token ? t.meta_str() : "", x.meta_str());
+      longest = std::max(longest, x.shape()[0]);
+    }
+    const int64_t k = options.pad_multiple;
+    // (longest / k + 1) * k rather than longest + k - 1, which overflows for a huge k.
+    const int64_t length =
+        k == 0 ? full : std::min(full, longest % k == 0 ? longest : (longest / k + 1) * k);
+    const auto n = static_cast<int64_t>(samples.size());
+    const int64_t pad = *dataset->padding_id();
+    Batch batch;
+    batch.input = new_tensor({n, length}, DType::i64);
+    batch.mask = new_tensor({n, length}, DType::i64);
+    batch.target = new_tensor(per_token ? Shape{n, length} : Shape{n}, DType::i64);
+    int64_t* input = batch.input.data_ptr<int64_t>();
+    int64_t* mask = batch.mask.data_ptr<int64_t>();
+    int64_t* target = batch.target.data_ptr<int64_t>();
+    for (int64_t s = 0; s < n; ++s) {
+      const Tensor x = samples[static_cast<size_t>(s)].input.contiguous();
+      const int64_t len = x.shape()[0];
+      const int64_t* ids = x.data_ptr<int64_t>();
+      int64_t* row = input + s * length;
+      std::copy(ids, ids + len, row);
+      std::fill(row + len, row + length, pad);
+      std::fill(mask + s * length, mask + s * length + len, int64_t{1});
+      std::fill(mask + s * length + len, mask + (s + 1) * length, int64_t{0});
+      if (per_token) {
+        const Tensor t = samples[static_cast<size_t>(s)].target.contiguous();
+        const int64_t* values = t.data_ptr<int64_t>();
+        for (int64_t i = 0; i < len; ++i)
+          KILN_CHECK(values[i] == kIgnoreIndex || (values[i] >= 0 && values[i] < num_classes),
+                     "Loader: sample {} has target {} at token {}, neither {} nor in [0, {})",
+                     indices[static_cast<size_t>(s)], values[i], i, kIgnoreIndex, num_classes);
+        std::copy(values, values + len, target + s * length);
+        std::fill(target + s * length + len, target + (s + 1) * length, kIgnoreIndex);
+      } else {
+        const int64_t label = samples[static_cast<size_t>(s)].label;
+        KILN_CHECK(label >= 0 && label < num_classes,
+                   "Loader: sample {} has label {}, outside [0, {})",
+                   indices[static_cast<size_t>(s)], label, num_classes);
+        target[s] = label;
+      }
+    }
+    return batch;
+  }
+
   // Loads batch `b` (its samples in order); empty when all its samples were bad and skipped,
   // or when the workers were told to stop.
   std::optional<Batch> load_batch(int64_t b) {
@@ -116,37 +233,8 @@ struct Loader::Epoch::Impl {
     }
     if (samples.empty()) return std::nullopt;
 
-    Shape batch_shape = sample_shape;
-    batch_shape.insert(batch_shape.begin(), static_cast<int64_t>(samples.size()));
-    Batch batch;
-    const Shape target_shape{static_cast<int64_t>(samples.size())};
-    if (options.pin_memory && cuda::is_available()) {
-      batch.input = cuda::empty_pinned(batch_shape, DType::f32);
-      batch.target = cuda::empty_pinned(target_shape, DType::i64);
-    } else {
-      batch.input = empty(batch_shape);
-      batch.target = empty(target_shape, {.dtype = DType::i64});
-    }
-    // Plain memcpy rather than tensor ops: this runs in worker threads, and the ops may
-    // start OpenMP teams of their own.
-    auto* input = static_cast<char*>(batch.input.data_ptr());
-    int64_t* target = batch.target.data_ptr<int64_t>();
-    const int64_t num_classes = dataset->num_classes();
-    const size_t sample_bytes = static_cast<size_t>(numel_of(sample_shape)) * sizeof(float);
-    for (size_t s = 0; s < samples.size(); ++s) {
-      const Tensor& x = samples[s].input;
-      KILN_CHECK(x.defined() && x.dtype() == DType::f32 && x.device().is_cpu() &&
-                     x.shape() == sample_shape,
-                 "Loader: sample {} is {}, but the dataset's sample_shape() is f32[{}] cpu",
-                 indices[s], x.defined() ? x.meta_str() : "undefined",
-                 fmt::join(sample_shape, ","));
-      const Tensor contiguous = x.contiguous();
-      std::memcpy(input + s * sample_bytes, contiguous.data_ptr(), sample_bytes);
-      const int64_t label = samples[s].label;
-      KILN_CHECK(label >= 0 && label < num_classes,
-                 "Loader: sample {} has label {}, outside [0, {})", indices[s], label, num_classes);
-      target[s] = label;
-    }
+    Batch batch = dataset->padding_id() ? collate_sequences(samples, indices)
+                                        : collate_fixed(samples, indices);
     batch.indices = std::move(indices);
     batch.epoch = epoch;
     batch.index = b;

@@ -41,11 +41,17 @@ struct LoaderOptions {
   // with fewer samples than ranks is dropped. The order stays one process's.
   int64_t rank = 0;
   int64_t world_size = 1;
+  // Token-sequence data sets (Dataset::padding_id()): 0 pads every batch to the full length
+  // sample_shape()[0]; k > 0 pads it to its longest sequence rounded up to a multiple of k
+  // (at most the full length), so that batch lengths take at most ceil(full / k) values and
+  // a compiled step sees a bounded number of shapes.
+  int64_t pad_multiple = 0;
 };
 
 struct Batch {
-  Tensor input;                  // f32 [n, ...sample_shape]
-  Tensor target;                 // i64 [n]
+  Tensor input;                  // f32 [n, ...sample_shape]; token sequences i64 [n, length]
+  Tensor target;                 // i64 [n]; per-token targets i64 [n, length], padding kIgnoreIndex
+  Tensor mask;                   // token sequences: i64 [n, length], 1 a token, 0 padding
   std::vector<int64_t> indices;  // the dataset indices of the samples, in batch order
   int64_t epoch = 0;
   int64_t index = 0;             // position of the batch in its epoch, from 0
@@ -56,8 +62,8 @@ struct Batch {
 class Loader {
  public:
   // Throws kiln::Error for a null dataset, batch_size < 1, workers outside [0,
-  // kMaxLoaderWorkers] or prefetch outside [1, kMaxLoaderPrefetch]; a worker thread that
-  // cannot start is a kiln::Error too.
+  // kMaxLoaderWorkers], prefetch outside [1, kMaxLoaderPrefetch] or pad_multiple < 0; a
+  // worker thread that cannot start is a kiln::Error too.
   Loader(std::shared_ptr<const Dataset> dataset, LoaderOptions options);
   ~Loader();
   Loader(const Loader&) = delete;

@@ -3,8 +3,9 @@
 # Run as root it uses apt-get; otherwise it names what to install and stops.
 set -euo pipefail
 
+# wordnet-base: WordNet 3.0's data files, the English text corpus and task of data/wordnet.h.
 packages=(cmake ninja-build g++ make libeigen3-dev libfmt-dev catch2 libopenblas-openmp-dev
-  libjpeg62-turbo-dev zlib1g-dev libdnnl-dev libgloo-dev dataset-fashion-mnist)
+  libjpeg62-turbo-dev zlib1g-dev libdnnl-dev libgloo-dev dataset-fashion-mnist wordnet-base)
 # Where clang 14 is installed, its libFuzzer and sanitizer runtimes (only recommended by
 # clang-14, so often absent) let `make test` build and run the fuzz targets (tests/fuzz).
 if dpkg-query -W -f='${Status}' clang-14 2>/dev/null | grep -q "install ok installed"; then

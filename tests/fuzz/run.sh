@@ -14,7 +14,7 @@ build=$1 seconds=$2
 shift 2
 here=$(cd "$(dirname "$0")" && pwd)
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(json safetensors ir idx jpeg)
+[ ${#targets[@]} -gt 0 ] || targets=(json safetensors ir idx jpeg wordpiece wordnet)
 
 status=0
 for target in "${targets[@]}"; do
