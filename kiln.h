@@ -45,6 +45,7 @@
 #include "dist/data_parallel.h"
 #include "dist/launch_env.h"
 #include "dist/process_group.h"
+#include "dist/sync_batch_norm.h"
 #include "dist/tcp_store.h"
 #include "optim/accumulation.h"
 #include "optim/adamw.h"

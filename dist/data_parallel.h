@@ -36,8 +36,9 @@
 // plus two copies of the gradients per step). attach() makes Accumulation's last
 // micro-step call it.
 //
-// Not (yet): gradients as views into the buckets, CUDA tensors (the NCCL backend),
-// SyncBatchNorm. Frozen parameters (requires_grad false) take no part.
+// Not (yet): gradients as views into the buckets, CUDA tensors (the NCCL backend).
+// Batch norm over every rank's batch: dist/sync_batch_norm.h. Frozen parameters
+// (requires_grad false) take no part.
 #include <cstdint>
 #include <memory>
 #include <mutex>

@@ -59,16 +59,24 @@ Tensor BatchNormBase::forward(const Tensor& x) {
   const bool use_batch_stats = is_training() || !options_.track_running_stats;
   // Running statistics are passed when they are to be used or updated.
   const bool pass_running = options_.track_running_stats;
+  if (is_training() && *statistics_)
+    return (*statistics_)->batch_norm(x, weight(), bias(), pass_running ? running_mean() : Tensor(),
+                                      pass_running ? running_var() : Tensor(), factor, options_.eps);
   return kiln::batch_norm(x, weight(), bias(), pass_running ? running_mean() : Tensor(),
                           pass_running ? running_var() : Tensor(), use_batch_stats, factor,
                           options_.eps);
 }
 
+void BatchNormBase::set_batch_statistics(std::shared_ptr<const BatchStatistics> statistics) {
+  *statistics_ = std::move(statistics);
+}
+
 std::string BatchNormBase::extra_repr() const {
-  return fmt::format("{}, eps={}, momentum={}, affine={}, track_running_stats={}", num_features_,
+  return fmt::format("{}, eps={}, momentum={}, affine={}, track_running_stats={}{}", num_features_,
                      options_.eps,
                      options_.momentum ? fmt::format("{}", *options_.momentum) : "None",
-                     py_bool(options_.affine), py_bool(options_.track_running_stats));
+                     py_bool(options_.affine), py_bool(options_.track_running_stats),
+                     *statistics_ ? ", " + (*statistics_)->describe() : "");
 }
 
 BatchNorm1d::BatchNorm1d(int64_t num_features, BatchNormOptions options)

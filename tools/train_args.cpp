@@ -130,6 +130,9 @@ void validate(const Config& c) {
   KILN_CHECK(!c.channels_last || c.arch != "mlp",
              "kiln-train: --channels-last needs a convolutional --arch (the mlp flattens its input)");
   KILN_CHECK(!c.resume || !c.checkpoint_dir.empty(), "kiln-train: --resume needs --checkpoint DIR");
+  KILN_CHECK(!c.sync_bn || !c.compile,
+             "kiln-train: --sync-bn runs the step eagerly (SyncBatchNorm's all-reduces cannot be part of a "
+             "compiled program yet): drop --compile, or --sync-bn");
   KILN_CHECK(c.loss_scale != "dynamic" || c.amp != "off",
              "kiln-train: --loss-scale dynamic needs --amp (f32 gradients do not underflow)");
 }
@@ -202,6 +205,8 @@ run:
   --loss-scale auto|dynamic|none
                        dynamic loss scaling (optim::GradScaler); auto: with fp16 only  [auto]
   --clip-grad-norm X   clip the gradients' total 2-norm to X before each step (0: off)  [0]
+  --sync-bn            under a launcher (data parallel): batch norm statistics over every
+                       rank's batch (dist::SyncBatchNorm; eager steps only)
   --help
 progress: the epoch's running mean loss, images per second and the time left of the whole run.
 A step whose loss is not finite stops the run with an error naming it.
@@ -255,7 +260,7 @@ Config parse_args(int argc, const char* const* argv) {
   const std::map<std::string, bool*> flags = {
       {"--channels-last", &c.channels_last}, {"--no-channels-last", &c.no_channels_last}, {"--resume", &c.resume},
       {"--skip-bad-images", &c.skip_bad_images}, {"--nesterov", &c.nesterov},
-      {"--zero-init-residual", &c.zero_init_residual}};
+      {"--zero-init-residual", &c.zero_init_residual}, {"--sync-bn", &c.sync_bn}};
 
   for (int i = 1; i < argc; ++i) {
     std::string option = argv[i], value;

@@ -29,6 +29,7 @@
 #include "data/image.h"
 #include "dist/launch_env.h"
 #include "dist/process_group.h"
+#include "dist/sync_batch_norm.h"
 #include "data/loader.h"
 #include "models/containers.h"
 #include "models/layers.h"
@@ -62,6 +63,7 @@ class EvenSubset : public data::Dataset {
   int64_t size() const override { return count_; }
   int64_t num_classes() const override { return base_->num_classes(); }
   std::vector<int64_t> sample_shape() const override { return base_->sample_shape(); }
+  std::optional<int64_t> padding_id() const override { return base_->padding_id(); }
   data::Sample get(int64_t index, data::SampleRng& rng) const override {
     KILN_CHECK(index >= 0 && index < count_, "subset: index {} out of range for {} samples", index, count_);
     return base_->get(index * base_->size() / count_, rng);
@@ -582,6 +584,7 @@ Result run(const Config& given, std::ostream& given_out) {
   // After the resume: rank 0's parameters and buffers are every rank's (the same anyway).
   std::optional<dist::DistributedDataParallel> ddp;
   if (world > 1) {
+    if (c.sync_bn) dist::convert_sync_batchnorm(*model);
     ddp.emplace(*model);
     ddp->attach(accumulation);
   }
@@ -625,8 +628,8 @@ Result run(const Config& given, std::ostream& given_out) {
     out << fmt::format("  precision: {}{}{}\n", amp.why, amp.loss_scaling ? ", dynamic loss scaling" : "",
                        c.clip_grad_norm > 0 ? fmt::format(", gradients clipped to norm {}", c.clip_grad_norm) : "");
     if (world > 1)
-      out << fmt::format("  data parallel: {} ranks ({}), each its shard of every global batch of {}\n", world,
-                         launch->source, c.batch);
+      out << fmt::format("  data parallel: {} ranks ({}), each its shard of every global batch of {}{}\n", world,
+                         launch->source, c.batch, c.sync_bn ? ", batch norm over all ranks (--sync-bn)" : "");
     if (c.resume)
       out << fmt::format("  resumed at step {} (epoch {}, batch {})\n", state.step, state.epoch + 1, state.batch);
   }

@@ -53,6 +53,7 @@ struct Config {
   int64_t max_image_pixels = 0;  // refuse images larger than this (0: data::kDefaultMaxImagePixels)
   std::string device = "cpu";
   bool compile = false;  // run each micro-step (forward, loss, backward, accumulation) compiled
+  bool sync_bn = false;  // data parallel: batch norm statistics over every rank's batch (SyncBatchNorm)
   std::string compile_mode = "default";  // kiln::compile's mode
   std::string amp = "off";          // off | bf16 | fp16 | auto: the dtype autocast runs GEMMs and convolutions in
   std::string loss_scale = "auto";  // auto (dynamic with fp16, none otherwise) | dynamic | none

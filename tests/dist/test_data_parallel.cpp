@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "dist/data_parallel.h"
+#include "dist/sync_batch_norm.h"
 #include "rank_testing.h"
 #include "testing.h"
 
@@ -25,7 +26,7 @@ using namespace kiln;
 namespace {
 
 struct Config {
-  std::string model;     // "mlp" or "cnn"
+  std::string model;     // "mlp", "cnn" or "cnnbn" (a batch norm, SyncBatchNorm on the ranks)
   DType dtype = DType::f64;
   int64_t micro_batch = 0;  // 0: one backward per step, no Accumulation (hooks sync it)
   bool compiled = false;
@@ -45,9 +46,12 @@ std::shared_ptr<nn::Module> make_model(const Config& c, uint64_t seed) {
   std::shared_ptr<nn::Module> m;
   if (c.model == "mlp") {
     m = std::make_shared<models::MLP>(std::vector<int64_t>{6, 16, 3});
-  } else {
+  } else if (c.model == "cnn") {
     m = std::make_shared<nn::Sequential>(nn::Conv2d(2, 4, 3, {.padding = 1}), nn::ReLU(), nn::MaxPool2d({2, 2}),
                                          nn::Flatten(), nn::Linear(4 * 3 * 3, 3));
+  } else {
+    m = std::make_shared<nn::Sequential>(nn::Conv2d(2, 4, 3, {.padding = 1}), nn::BatchNorm2d(4), nn::ReLU(),
+                                         nn::MaxPool2d({2, 2}), nn::Flatten(), nn::Linear(4 * 3 * 3, 3));
   }
   m->to(c.dtype);
   return m;
@@ -58,9 +62,16 @@ Tensor inputs(const Config& c, int64_t n, uint64_t seed) {
   return (c.model == "mlp" ? randn({n, 6}) : randn({n, 2, 6, 6})).to(c.dtype);
 }
 
-// The largest ||a - b|| / ||b|| over the parameters.
-double worst_relative(nn::Module& a, nn::Module& b) {
-  const auto pa = a.named_parameters(), pb = b.named_parameters();
+// The largest ||a - b|| / ||b|| over the parameters (or the floating buffers).
+double worst_relative(nn::Module& a, nn::Module& b, bool buffers = false) {
+  auto floating = [&](nn::Module& m) {
+    if (!buffers) return m.named_parameters();
+    std::vector<std::pair<std::string, Tensor>> all;
+    for (auto& [name, t] : m.named_buffers())
+      if (is_floating(t.dtype())) all.emplace_back(name, t);
+    return all;
+  };
+  const auto pa = floating(a), pb = floating(b);
   REQUIRE(pa.size() == pb.size());
   double worst = 0;
   for (size_t i = 0; i < pa.size(); ++i) {
@@ -81,6 +92,8 @@ void run_config(const Config& c, int rank, int world) {
   const double tol = c.dtype == DType::f64 ? 1e-10 : 1e-5;
   auto reference = make_model(c, 100);          // rank 0's initial weights
   auto local = make_model(c, 100 + static_cast<uint64_t>(rank));  // made different on purpose
+  // Batch norm over the whole global batch, as the reference's: SyncBatchNorm.
+  const int64_t synced = c.model == "cnnbn" ? dist::convert_sync_batchnorm(*local) : 0;
   dist::DistributedDataParallel ddp(*local, {.bucket_cap_mb = c.bucket_cap_mb});
   REQUIRE(worst_relative(*local, *reference) == 0);  // the broadcast from rank 0
   optim::SGD ref_opt(reference->parameters(), {.lr = 0.1, .momentum = 0.9});
@@ -123,11 +136,13 @@ void run_config(const Config& c, int rank, int world) {
     // Without the accumulation's hook: a no-op after an eager backward (its hooks synced
     // it), the whole sync after a compiled step (whose program runs no hooks).
     if (c.micro_batch == 0) ddp.finish_sync();
-    REQUIRE(group.counts().all_reduce - before == ddp.bucket_count());
+    // The buckets', and each synced batch norm's forward and backward all-reduce.
+    REQUIRE(group.counts().all_reduce - before == ddp.bucket_count() + 2 * synced);
     opt.step();
     opt.zero_grad();
     INFO("step " << step);
     REQUIRE(worst_relative(*local, *reference) <= tol);
+    if (synced) REQUIRE(worst_relative(*local, *reference, true) <= tol);
   }
 }
 
@@ -213,6 +228,16 @@ TEST_CASE("data parallel on 2 and 3 ranks equals one process with the whole batc
     INFO(world << " ranks");
     testing::require_ranks_pass(
         {.test_case = "rank: data parallel steps", .world_size = world, .env = {{"KILN_TEST_DDP", eager}}});
+  }
+}
+
+TEST_CASE("data parallel with SyncBatchNorm equals one process with BatchNorm over the whole batch", "[dist]") {
+  // One backward per step (batch norm's statistics are the micro-batch's, so micro-batches
+  // would not match the whole batch), the short last batch giving a rank a single sample.
+  for (int world : {2, 3}) {
+    INFO(world << " ranks");
+    testing::require_ranks_pass({.test_case = "rank: data parallel steps", .world_size = world,
+                                 .env = {{"KILN_TEST_DDP", "cnnbn:f64:0:eager:25,cnnbn:f32:0:eager:0.0001"}}});
   }
 }
 

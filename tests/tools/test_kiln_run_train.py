@@ -9,6 +9,10 @@
 2. Only rank 0 prints: every line kiln-run prefixes comes from rank 0.
 3. Ctrl-C to kiln-run stops both ranks after the same step, rank 0 writes the checkpoint,
    and a run with --resume ends with the losses of the uninterrupted run.
+4. A CNN with batch norm, one backward per step: with --sync-bn two ranks log the step
+   losses of one process (the statistics are the whole batch's; f32 sums again, 30 steps,
+   relative 1e-4 for the drift of a longer chain of ops); without it the first step's loss
+   already differs (each rank normalizes its half alone).
 
 usage: test_kiln_run_train.py KILN_TRAIN KILN_RUN
 """
@@ -69,11 +73,33 @@ def main():
         stopped = len(step_lines(log))
         if stopped >= 400:
             print("the run ended before Ctrl-C reached it; the resume was not tested")
-            return 0
-        assert "stopped at step" in out, out[-800:]
-        subprocess.run(cmd + ["--resume"], env=env, check=True, stdout=subprocess.DEVNULL, timeout=300)
-        check_same(reference, step_lines(log), f"interrupted after {stopped} steps and resumed")
-        print(f"ok: two ranks equal one process over 400 steps; interrupted after {stopped} steps and resumed")
+        else:
+            assert "stopped at step" in out, out[-800:]
+            subprocess.run(cmd + ["--resume"], env=env, check=True, stdout=subprocess.DEVNULL, timeout=300)
+            check_same(reference, step_lines(log), f"interrupted after {stopped} steps and resumed")
+        # 4: batch norm over both ranks.
+        cnn = ["--data", "synthetic", "--train-samples", "64", "--image-size", "8", "--arch", "cnn", "--batch", "16",
+               "--micro-batch", "16", "--steps", "30", "--lr", "0.05", "--workers", "0", "--seed", "3",
+               "--print-every", "1"]
+        one_cnn = os.path.join(tmp, "one_cnn.jsonl")
+        subprocess.run([train, *cnn, "--log", one_cnn], env=env, check=True, stdout=subprocess.DEVNULL, timeout=300)
+        logs = {}
+        for flag in ["--sync-bn", None]:
+            path = os.path.join(tmp, f"two_cnn_{bool(flag)}.jsonl")
+            out = subprocess.run([run, "--nproc-per-node", "2", "--master-port", "0", train, *cnn, "--log", path]
+                                 + ([flag] if flag else []), env=env, check=True, capture_output=True, text=True,
+                                 timeout=300).stdout
+            logs[flag] = step_lines(path)
+            if flag:
+                assert "batch norm over all ranks (--sync-bn)" in out, out[:600]
+        ref_cnn = step_lines(one_cnn)
+        for x, y in zip(ref_cnn, logs["--sync-bn"]):
+            assert abs(x["loss"] - y["loss"]) <= 1e-4 * abs(x["loss"]), f"--sync-bn step {x['step']}: {x['loss']} against {y['loss']}"
+        assert len(ref_cnn) == len(logs["--sync-bn"]) == 30
+        first, apart = ref_cnn[0]["loss"], logs[None][0]["loss"]
+        assert abs(first - apart) > 1e-3 * abs(first), f"without --sync-bn: {apart} against {first}"
+        print(f"ok: two ranks equal one process over 400 steps; interrupted after {stopped} steps and resumed; "
+              "--sync-bn equals one process with batch norm")
     return 0
 
 
