@@ -97,6 +97,7 @@ BertEmbeddings::BertEmbeddings(const BertConfig& c)
 
 Tensor BertEmbeddings::forward(const Tensor& input_ids, const Tensor& token_type_ids,
                                const char* model) {
+  check_input_ids(model, input_ids, position_embeddings_.weight().size(0));
   const int64_t L = input_ids.size(1);
   Tensor x = embed_ids(model, "input_ids", word_embeddings_, input_ids);
   // Positions 0..L-1 are the table's first L rows: a slice, broadcast over the batch.

@@ -413,6 +413,8 @@ TEST_CASE("BERT: bad inputs are errors naming the model and the shapes", "[bert]
                     Contains("BertForMaskedLM: attention_mask must be") && Contains("i64[2,4]"));
   CHECK_THROWS_WITH(m.forward(ids, ones({2, 5})),
                     Contains("attention_mask") && Contains("f32[2,5]"));
+  CHECK_THROWS_WITH(m.bert().embeddings().forward(randint(0, 50, {1, 13})),
+                    Contains("BertEmbeddings: input_ids i64[1,13]"));
   models::BertForSequenceClassification cls(c, 2);
   CHECK_THROWS_WITH(cls.forward(ids.to(DType::i32)),
                     Contains("BertForSequenceClassification: input_ids must be i64"));
