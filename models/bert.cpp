@@ -10,7 +10,6 @@
 #include "core/ops/factory.h"
 #include "core/ops/linalg.h"
 #include "core/ops/loss.h"
-#include "core/ops/norm.h"
 #include "models/init.h"
 #include "models/token_inputs.h"
 
