@@ -1,0 +1,143 @@
+// BERT and GPT-2 training steps (forward with dropout, the model's loss, backward, SGD)
+// compiled equal eager bit for bit, as the TransformerEncoderLayer's step in
+// test_attention.cpp: one graph, no break, one attention node per layer.
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "compiler/compile.h"
+#include "compiler_testing.h"
+#include "models/bert.h"
+#include "models/gpt2.h"
+#include "optim/sgd.h"
+#include "testing.h"
+
+using namespace kiln;
+using namespace kiln::compiler;
+using kiln::testing::count_ops;
+using kiln::testing::tensor_of;
+
+namespace {
+
+using Args = std::vector<Tensor>;
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  if (a.dtype() != b.dtype() || a.shape() != b.shape()) return false;
+  const Tensor ca = a.contiguous(), cb = b.contiguous();
+  return std::memcmp(ca.data_ptr(), cb.data_ptr(),
+                     static_cast<size_t>(ca.numel()) * ca.itemsize()) == 0;
+}
+
+// Runs `loss_of(model, args)` + backward + SGD as a compiled step on one model and eagerly on
+// another built the same way, three times, and checks that the losses and every parameter
+// after each step are the same bits. Returns the compiled function for further checks.
+template <class Model>
+CompiledFunction check_step(const std::function<Model()>& make,
+                            const std::function<Tensor(Model&, const Args&)>& loss_of,
+                            const Args& args) {
+  auto model = std::make_shared<Model>(make());
+  auto reference = std::make_shared<Model>(make());
+  optim::SGD sgd(model->parameters(), {.lr = 0.1}),
+      reference_sgd(reference->parameters(), {.lr = 0.1});
+  auto step_of = [&](std::shared_ptr<Model> m, optim::SGD& opt) -> TracedFunction {
+    return [m, &opt, loss_of](const Args& a) -> Args {
+      const Tensor loss = loss_of(*m, a);
+      loss.backward();
+      opt.step();
+      return {loss.detach()};
+    };
+  };
+  CompiledFunction compiled =
+      compile(step_of(model, sgd), {.fullgraph = true, .trace = module_names(*model)});
+  const TracedFunction eager = step_of(reference, reference_sgd);
+  for (int call = 0; call < 3; ++call) {
+    INFO("call " << call);
+    manual_seed(40 + static_cast<uint64_t>(call));
+    const Tensor got = compiled(args).at(0);
+    model->zero_grad();
+    manual_seed(40 + static_cast<uint64_t>(call));
+    const Tensor want = eager(args).at(0);
+    reference->zero_grad();
+    INFO("loss " << got.item<double>() << " eager " << want.item<double>());
+    CHECK(same_bits(got, want));
+    const auto ref_params = reference->named_parameters();
+    size_t i = 0;
+    for (const auto& [name, p] : model->named_parameters()) {
+      INFO(name);
+      CHECK(same_bits(p.detach(), ref_params.at(i++).second.detach()));
+    }
+  }
+  CHECK(compiled.recompiles() == 0);
+  CHECK(compiled.graph_breaks() == 0);
+  return compiled;
+}
+
+}  // namespace
+
+TEST_CASE("transformers: a BERT masked-LM training step compiles as eager", "[bert][equiv]") {
+  models::BertConfig c = models::BertConfig::tiny(/*vocab_size=*/60);
+  c.hidden_size = 32;
+  c.num_attention_heads = 4;
+  c.intermediate_size = 64;
+  c.max_position_embeddings = 16;
+  Generator gen(31);
+  const Tensor ids = randint(1, 60, {3, 11}, {}, &gen);
+  const Tensor types = randint(0, 2, {3, 11}, {}, &gen);
+  // Lengths 11, 8 and 5, as the data layer's i64 mask.
+  const Tensor mask =
+      lt(arange(11).unsqueeze(0), tensor_of({11, 8, 5}, {3, 1}, DType::i64)).to(DType::i64);
+  const Tensor labels = where(lt(rand({3, 11}, {}, &gen), 0.3), randint(1, 60, {3, 11}, {}, &gen),
+                              full({}, int64_t{-100}));
+  std::function<models::BertForMaskedLM()> make = [c] {
+    manual_seed(32);
+    return models::BertForMaskedLM(c);
+  };
+  std::function<Tensor(models::BertForMaskedLM&, const Args&)> loss = [](models::BertForMaskedLM& m,
+                                                                         const Args& a) {
+    return models::masked_lm_loss(m.forward(a[0], a[1], a[2]), a[3]);
+  };
+  CompiledFunction f = check_step(make, loss, {ids, mask, types, labels});
+  CHECK(count_ops(f.traces().at(0)->graph, "scaled_dot_product_attention") == 2);
+  CHECK(count_ops(f.traces().at(0)->graph, "scaled_dot_product_attention_backward") == 2);
+}
+
+TEST_CASE("transformers: a BERT classification training step compiles as eager", "[bert][equiv]") {
+  models::BertConfig c = models::BertConfig::tiny(/*vocab_size=*/60);
+  c.hidden_size = 32;
+  c.num_attention_heads = 4;
+  c.intermediate_size = 64;
+  c.max_position_embeddings = 16;
+  Generator gen(33);
+  const Tensor ids = randint(1, 60, {4, 9}, {}, &gen);
+  const Tensor mask = lt(arange(9).unsqueeze(0), tensor_of({9, 4, 7, 2}, {4, 1}, DType::i64));
+  const Tensor labels = tensor_of({0, 2, 1, 2}, {4}, DType::i64);
+  std::function<models::BertForSequenceClassification()> make = [c] {
+    manual_seed(34);
+    return models::BertForSequenceClassification(c, 3);
+  };
+  std::function<Tensor(models::BertForSequenceClassification&, const Args&)> loss =
+      [](models::BertForSequenceClassification& m, const Args& a) {
+        return cross_entropy(m.forward(a[0], a[1]), a[2]);
+      };
+  check_step(make, loss, {ids, mask, labels});
+}
+
+TEST_CASE("transformers: a GPT-2 training step compiles as eager", "[gpt2][equiv]") {
+  models::GPT2Config c = models::GPT2Config::tiny(/*vocab_size=*/60);
+  c.n_embd = 32;
+  c.n_head = 4;
+  c.n_positions = 16;
+  Generator gen(35);
+  const Tensor ids = randint(0, 60, {3, 13}, {}, &gen);
+  std::function<models::GPT2LMHeadModel()> make = [c] {
+    manual_seed(36);
+    return models::GPT2LMHeadModel(c);
+  };
+  std::function<Tensor(models::GPT2LMHeadModel&, const Args&)> loss = [](models::GPT2LMHeadModel& m,
+                                                                         const Args& a) {
+    return models::causal_lm_loss(m.forward(a[0]), a[0]);
+  };
+  CompiledFunction f = check_step(make, loss, {ids});
+  CHECK(count_ops(f.traces().at(0)->graph, "scaled_dot_product_attention") == 2);
+}
