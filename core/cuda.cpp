@@ -40,6 +40,8 @@ bool allow_tf32() { return false; }
 std::vector<std::string> host_fallback_ops() { return {}; }
 void set_cudnn_benchmark(bool) {}
 bool cudnn_benchmark() { return false; }
+ThreadCudnnBenchmark::ThreadCudnnBenchmark(bool) : previous_(false) {}
+ThreadCudnnBenchmark::~ThreadCudnnBenchmark() = default;
 Tensor pin_memory(const Tensor&) { unavailable("cuda::pin_memory"); }
 Tensor empty_pinned(const Shape&, DType) { unavailable("cuda::empty_pinned"); }
 bool is_pinned(const Tensor&) { return false; }
