@@ -154,7 +154,7 @@ TEST_CASE("matmul: the two GEMM backends agree", "[linalg]") {
   }
 }
 
-TEST_CASE("gemm: f32 products large enough for oneDNN, on every backend", "[linalg]") {
+TEST_CASE("gemm: f32 products large enough for oneDNN, on every backend", "[linalg][gemm]") {
   const auto backend = GENERATE(from_range(backends()));
   BackendScope scope(backend);
   INFO(cpu::gemm_backend_name(backend));
