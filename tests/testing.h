@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <vector>
@@ -93,6 +94,17 @@ inline bool allclose(const Tensor& a, const Tensor& e, double rtol, double atol)
     INFO("expected: " << ::kiln::testing::describe(kiln_e_));                               \
     CHECK(::kiln::testing::allclose(kiln_a_, kiln_e_, (rtol), (atol)));                     \
   } while (0)
+
+// Same dtype, shape and bytes (both undefined counts as equal): compiled against eager
+// bit for bit.
+inline bool same_bits(const Tensor& a, const Tensor& b) {
+  if (a.defined() != b.defined()) return false;
+  if (!a.defined()) return true;
+  if (a.dtype() != b.dtype() || a.shape() != b.shape()) return false;
+  const Tensor ca = a.contiguous(), cb = b.contiguous();
+  const size_t n = static_cast<size_t>(ca.numel()) * ca.itemsize();
+  return n == 0 || std::memcmp(ca.data_ptr(), cb.data_ptr(), n) == 0;
+}
 
 // Exact equality of values and shape (dtypes may differ).
 #define KILN_CHECK_EQUAL(actual, expected) KILN_CHECK_CLOSE(actual, expected, 0.0, 0.0)

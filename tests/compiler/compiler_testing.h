@@ -3,6 +3,8 @@
 #include <stdlib.h>
 
 #include <filesystem>
+#include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -19,6 +21,8 @@
 #include "core/ops/optim_ops.h"
 #include "models/module.h"
 #include "models/resnet.h"
+#include "optim/sgd.h"
+#include "testing.h"
 
 namespace kiln::testing {
 
@@ -123,5 +127,50 @@ inline std::string sgd_variant_text(const SgdVariant& v) {
          " weight_decay " + std::to_string(v.weight_decay) + " nesterov " + std::to_string(v.flags.nesterov) +
          " maximize " + std::to_string(v.flags.maximize) + " first " + std::to_string(v.flags.first);
 }
+
+// Runs `loss_of(model, args)` + backward + SGD as a compiled step on one model and eagerly on
+// another built the same way, three times, and checks that the losses and every parameter
+// after each step are the same bits. Returns the compiled function for further checks.
+template <class Model>
+compiler::CompiledFunction check_step(const std::function<Model()>& make,
+                            const std::function<Tensor(Model&, const std::vector<Tensor>&)>& loss_of,
+                            const std::vector<Tensor>& args) {
+  auto model = std::make_shared<Model>(make());
+  auto reference = std::make_shared<Model>(make());
+  optim::SGD sgd(model->parameters(), {.lr = 0.1}),
+      reference_sgd(reference->parameters(), {.lr = 0.1});
+  auto step_of = [&](std::shared_ptr<Model> m, optim::SGD& opt) -> compiler::TracedFunction {
+    return [m, &opt, loss_of](const std::vector<Tensor>& a) -> std::vector<Tensor> {
+      const Tensor loss = loss_of(*m, a);
+      loss.backward();
+      opt.step();
+      return {loss.detach()};
+    };
+  };
+  compiler::CompiledFunction compiled =
+      compiler::compile(step_of(model, sgd), {.fullgraph = true, .trace = compiler::module_names(*model)});
+  const compiler::TracedFunction eager = step_of(reference, reference_sgd);
+  for (int call = 0; call < 3; ++call) {
+    INFO("call " << call);
+    manual_seed(40 + static_cast<uint64_t>(call));
+    const Tensor got = compiled(args).at(0);
+    model->zero_grad();
+    manual_seed(40 + static_cast<uint64_t>(call));
+    const Tensor want = eager(args).at(0);
+    reference->zero_grad();
+    INFO("loss " << got.item<double>() << " eager " << want.item<double>());
+    CHECK(same_bits(got, want));
+    const auto ref_params = reference->named_parameters();
+    size_t i = 0;
+    for (const auto& [name, p] : model->named_parameters()) {
+      INFO(name);
+      CHECK(same_bits(p.detach(), ref_params.at(i++).second.detach()));
+    }
+  }
+  CHECK(compiled.recompiles() == 0);
+  CHECK(compiled.graph_breaks() == 0);
+  return compiled;
+}
+
 
 }  // namespace kiln::testing

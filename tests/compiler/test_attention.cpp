@@ -14,19 +14,13 @@
 #include "testing.h"
 
 using namespace kiln;
+using kiln::testing::same_bits;
 using namespace kiln::compiler;
 using kiln::testing::count_ops;
 
 namespace {
 
 using Args = std::vector<Tensor>;
-
-bool same_bits(const Tensor& a, const Tensor& b) {
-  if (a.dtype() != b.dtype() || a.shape() != b.shape()) return false;
-  const Tensor ca = a.contiguous(), cb = b.contiguous();
-  return std::memcmp(ca.data_ptr(), cb.data_ptr(),
-                     static_cast<size_t>(ca.numel()) * ca.itemsize()) == 0;
-}
 
 }  // namespace
 
@@ -83,50 +77,19 @@ TEST_CASE("attention: a TransformerEncoderLayer's training step compiles as eage
   CAPTURE(norm_first);
   auto make = [&] {
     manual_seed(21);
-    return std::make_shared<nn::TransformerEncoderLayer>(
-        16, 4,
-        nn::TransformerEncoderLayerOptions{.dim_feedforward = 32,
-                                           .dropout = 0.1,
-                                           .activation = "gelu",
-                                           .batch_first = true,
-                                           .norm_first = norm_first});
+    return nn::TransformerEncoderLayer(16, 4,
+                                       nn::TransformerEncoderLayerOptions{.dim_feedforward = 32,
+                                                                          .dropout = 0.1,
+                                                                          .activation = "gelu",
+                                                                          .batch_first = true,
+                                                                          .norm_first = norm_first});
   };
-  std::shared_ptr<nn::TransformerEncoderLayer> layer = make(), reference = make();
-  optim::SGD sgd(layer->parameters(), {.lr = 0.1}),
-      reference_sgd(reference->parameters(), {.lr = 0.1});
   Generator gen(22);
   const Tensor x = randn({3, 11, 16}, {}, &gen), y = randn({3, 11, 16}, {}, &gen);
   const Tensor padding = lt(rand({3, 11}, {}, &gen), 0.2);
-  auto step_of = [&](std::shared_ptr<nn::TransformerEncoderLayer> m,
-                     optim::SGD& opt) -> TracedFunction {
-    return [m, &opt, padding](const Args& a) -> Args {
-      const Tensor loss = mse_loss(m->forward(a[0], {}, padding), a[1]);
-      loss.backward();
-      opt.step();
-      return {loss.detach()};
-    };
-  };
-  CompiledFunction compiled =
-      compile(step_of(layer, sgd), {.fullgraph = true, .trace = module_names(*layer)});
-  const TracedFunction eager = step_of(reference, reference_sgd);
-  for (int call = 0; call < 3; ++call) {
-    INFO("call " << call);
-    manual_seed(30 + static_cast<uint64_t>(call));
-    const Tensor got = compiled({x, y}).at(0);
-    layer->zero_grad();
-    manual_seed(30 + static_cast<uint64_t>(call));
-    const Tensor want = eager({x, y}).at(0);
-    reference->zero_grad();
-    INFO("loss " << got.item<double>() << " eager " << want.item<double>());
-    CHECK(same_bits(got, want));
-    const auto ref_params = reference->named_parameters();
-    size_t i = 0;
-    for (const auto& [name, p] : layer->named_parameters()) {
-      INFO(name);
-      CHECK(same_bits(p.detach(), ref_params.at(i++).second.detach()));
-    }
-  }
-  CHECK(compiled.recompiles() == 0);
-  CHECK(compiled.graph_breaks() == 0);
+  // Compiled and eager steps (forward, loss, backward, SGD) equal bit for bit, three calls.
+  const CompiledFunction compiled = testing::check_step<nn::TransformerEncoderLayer>(
+      make, [padding](nn::TransformerEncoderLayer& m, const Args& a) { return mse_loss(m.forward(a[0], {}, padding), a[1]); },
+      {x, y});
   CHECK(count_ops(compiled.traces().at(0)->graph, "scaled_dot_product_attention") == 1);
 }

@@ -14,6 +14,7 @@
 #include "testing.h"
 
 using namespace kiln;
+using kiln::testing::same_bits;
 using namespace kiln::compiler;
 using Catch::Matchers::Contains;
 using kiln::testing::count_ops;
@@ -21,15 +22,6 @@ using kiln::testing::count_ops;
 namespace {
 
 using Args = std::vector<Tensor>;
-
-// Same dtype, shape and bytes (both undefined counts as equal).
-bool same_bits(const Tensor& a, const Tensor& b) {
-  if (a.defined() != b.defined()) return false;
-  if (!a.defined()) return true;
-  if (a.dtype() != b.dtype() || a.shape() != b.shape()) return false;
-  const Tensor ca = a.contiguous(), cb = b.contiguous();
-  return std::memcmp(ca.data_ptr(), cb.data_ptr(), static_cast<size_t>(ca.numel()) * ca.itemsize()) == 0;
-}
 
 #define CHECK_SAME_BITS(what, actual, expected)                          \
   do {                                                                   \

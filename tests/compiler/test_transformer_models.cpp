@@ -14,64 +14,15 @@
 #include "testing.h"
 
 using namespace kiln;
+using kiln::testing::same_bits;
 using namespace kiln::compiler;
+using kiln::testing::check_step;
 using kiln::testing::count_ops;
 using kiln::testing::tensor_of;
 
 namespace {
 
 using Args = std::vector<Tensor>;
-
-bool same_bits(const Tensor& a, const Tensor& b) {
-  if (a.dtype() != b.dtype() || a.shape() != b.shape()) return false;
-  const Tensor ca = a.contiguous(), cb = b.contiguous();
-  return std::memcmp(ca.data_ptr(), cb.data_ptr(),
-                     static_cast<size_t>(ca.numel()) * ca.itemsize()) == 0;
-}
-
-// Runs `loss_of(model, args)` + backward + SGD as a compiled step on one model and eagerly on
-// another built the same way, three times, and checks that the losses and every parameter
-// after each step are the same bits. Returns the compiled function for further checks.
-template <class Model>
-CompiledFunction check_step(const std::function<Model()>& make,
-                            const std::function<Tensor(Model&, const Args&)>& loss_of,
-                            const Args& args) {
-  auto model = std::make_shared<Model>(make());
-  auto reference = std::make_shared<Model>(make());
-  optim::SGD sgd(model->parameters(), {.lr = 0.1}),
-      reference_sgd(reference->parameters(), {.lr = 0.1});
-  auto step_of = [&](std::shared_ptr<Model> m, optim::SGD& opt) -> TracedFunction {
-    return [m, &opt, loss_of](const Args& a) -> Args {
-      const Tensor loss = loss_of(*m, a);
-      loss.backward();
-      opt.step();
-      return {loss.detach()};
-    };
-  };
-  CompiledFunction compiled =
-      compile(step_of(model, sgd), {.fullgraph = true, .trace = module_names(*model)});
-  const TracedFunction eager = step_of(reference, reference_sgd);
-  for (int call = 0; call < 3; ++call) {
-    INFO("call " << call);
-    manual_seed(40 + static_cast<uint64_t>(call));
-    const Tensor got = compiled(args).at(0);
-    model->zero_grad();
-    manual_seed(40 + static_cast<uint64_t>(call));
-    const Tensor want = eager(args).at(0);
-    reference->zero_grad();
-    INFO("loss " << got.item<double>() << " eager " << want.item<double>());
-    CHECK(same_bits(got, want));
-    const auto ref_params = reference->named_parameters();
-    size_t i = 0;
-    for (const auto& [name, p] : model->named_parameters()) {
-      INFO(name);
-      CHECK(same_bits(p.detach(), ref_params.at(i++).second.detach()));
-    }
-  }
-  CHECK(compiled.recompiles() == 0);
-  CHECK(compiled.graph_breaks() == 0);
-  return compiled;
-}
 
 }  // namespace
 

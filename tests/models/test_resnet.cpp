@@ -12,6 +12,7 @@
 #include "testing.h"
 
 using namespace kiln;
+using kiln::testing::same_bits;
 using kiln::testing::values;
 
 namespace {
@@ -20,14 +21,6 @@ int64_t count_parameters(const nn::Module& m) {
   int64_t n = 0;
   for (const Tensor& p : m.parameters()) n += p.numel();
   return n;
-}
-
-// Same dtype, shape and bytes.
-bool bitwise_equal(const Tensor& a, const Tensor& b) {
-  if (a.dtype() != b.dtype() || a.shape() != b.shape()) return false;
-  const Tensor ca = a.contiguous(), cb = b.contiguous();
-  const size_t n = static_cast<size_t>(ca.numel()) * ca.itemsize();
-  return n == 0 || std::memcmp(ca.data_ptr(), cb.data_ptr(), n) == 0;
 }
 
 bool all_equal_to(const Tensor& t, double v) {
@@ -211,7 +204,7 @@ TEST_CASE("resnet18 state dict round trips through safetensors", "[zoo]") {
   for (const auto& [name, t] : a) {
     INFO(name);
     REQUIRE(b.count(name) == 1);
-    CHECK(bitwise_equal(t, b.at(name)));
+    CHECK(same_bits(t, b.at(name)));
   }
   CHECK(loaded.bn1().num_batches_tracked().item<int64_t>() == 1);
 
@@ -219,5 +212,5 @@ TEST_CASE("resnet18 state dict round trips through safetensors", "[zoo]") {
   loaded.eval();
   NoGradGuard no_grad;
   const Tensor x = randn({2, 3, 32, 32});
-  CHECK(bitwise_equal(saved(x), loaded(x)));
+  CHECK(same_bits(saved(x), loaded(x)));
 }
