@@ -30,6 +30,15 @@ double Cosine::lr(int64_t step, double base_lr) const {
   return eta_min_ + (base_lr - eta_min_) * (1.0 + std::cos(std::numbers::pi * t)) / 2.0;
 }
 
+LinearDecay::LinearDecay(int64_t total_steps) : total_steps_(total_steps) {
+  KILN_CHECK(total_steps > 0, "LinearDecay: total_steps must be positive, got {}", total_steps);
+}
+
+double LinearDecay::lr(int64_t step, double base_lr) const {
+  if (step >= total_steps_) return 0.0;
+  return base_lr * static_cast<double>(total_steps_ - std::max<int64_t>(step, 0)) / static_cast<double>(total_steps_);
+}
+
 StepDecay::StepDecay(int64_t step_size, double gamma) : step_size_(step_size), gamma_(gamma) {
   KILN_CHECK(step_size > 0, "StepDecay: step_size must be positive, got {}", step_size);
 }

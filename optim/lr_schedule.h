@@ -44,6 +44,18 @@ class Cosine : public LRSchedule {
   double eta_min_;
 };
 
+// base_lr (1 - t / T) for t <= T, 0 after: linear decay to zero (torch's LinearLR from
+// factor 1 to 0 over T steps; after chain()'s warmup, Hugging Face's
+// get_linear_schedule_with_warmup, the usual schedule for transformers).
+class LinearDecay : public LRSchedule {
+ public:
+  explicit LinearDecay(int64_t total_steps);
+  double lr(int64_t step, double base_lr) const override;
+
+ private:
+  int64_t total_steps_;
+};
+
 // base_lr * gamma^floor(t / step_size) (torch's StepLR).
 class StepDecay : public LRSchedule {
  public:

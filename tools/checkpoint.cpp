@@ -245,9 +245,12 @@ void check_stored_state(const TrainingState& s, const Config& c, int64_t per_epo
   KILN_CHECK(s.step <= s.epoch * per_epoch + s.batch,
              "{} \"step\" = {} is more than the {} batches before epoch {}, batch {} ({} batches an epoch)", where,
              s.step, s.epoch * per_epoch + s.batch, s.epoch, s.batch, per_epoch);
-  KILN_CHECK(s.epoch_seen >= 0 && s.epoch_seen <= s.batch * c.batch,
-             "{} \"epoch_seen\" = {} is outside [0, {}] ({} batches of {} run in the epoch)", where, s.epoch_seen,
-             s.batch * c.batch, s.batch, c.batch);
+  // The predictions seen: samples, or the predicted tokens of the language models (mlm, clm).
+  const int64_t per_sample = is_text_arch(c.arch) && task_of(c) != "classify" ? c.seq_len : 1;
+  KILN_CHECK(s.epoch_seen >= 0 && s.epoch_seen <= s.batch * c.batch * per_sample,
+             "{} \"epoch_seen\" = {} is outside [0, {}] ({} batches of {} run in the epoch{})", where, s.epoch_seen,
+             s.batch * c.batch * per_sample, s.batch, c.batch,
+             per_sample > 1 ? fmt::format(", {} tokens each", per_sample) : std::string());
   KILN_CHECK(s.epoch_correct >= 0 && s.epoch_correct <= s.epoch_seen,
              "{} \"epoch_correct\" = {} is outside [0, epoch_seen = {}]", where, s.epoch_correct, s.epoch_seen);
   KILN_CHECK(std::isfinite(s.epoch_loss_sum) && s.epoch_loss_sum >= 0,
@@ -267,7 +270,12 @@ std::string fingerprint(const Config& c) {
       "pad={} seed={} train_samples={} synthetic={}x{} amp={} loss_scale={} clip_grad_norm={}",
       c.data, c.arch, c.epochs, c.steps, c.batch, c.lr, c.lr_schedule, c.warmup, c.optimizer, c.momentum, c.nesterov,
       c.weight_decay, c.weight_decay_scope, c.label_smoothing, c.zero_init_residual, c.image_size, c.pad, c.seed,
-      c.train_samples, c.synthetic_size, c.synthetic_classes, c.amp, c.loss_scale, c.clip_grad_norm);
+      c.train_samples, c.synthetic_size, c.synthetic_classes, c.amp, c.loss_scale, c.clip_grad_norm) +
+         // The transformers' settings (absent for the image models, whose earlier
+         // checkpoints keep resuming).
+         (is_text_arch(c.arch) ? fmt::format(" task={} seq_len={} vocab={} vocab_size={} init={}", task_of(c),
+                                             c.seq_len, c.vocab.string(), c.vocab_size, c.init.string())
+                               : std::string());
 }
 
 fs::path save_checkpoint(const fs::path& dir, const TrainingState& state, const nn::Module& model,

@@ -19,8 +19,8 @@ std::string clock_time(double seconds) {
 
 }  // namespace
 
-Progress::Progress(std::ostream& out, ProgressMode mode, int64_t every)
-    : out_(out), mode_(mode), every_(std::max<int64_t>(every, 1)) {}
+Progress::Progress(std::ostream& out, ProgressMode mode, int64_t every, std::string unit)
+    : out_(out), mode_(mode), every_(std::max<int64_t>(every, 1)), unit_(std::move(unit)) {}
 
 void Progress::start_run(int64_t first_step, int64_t total_steps) {
   first_step_ = first_step;
@@ -34,8 +34,10 @@ void Progress::start_epoch(int64_t epoch, int64_t epochs, int64_t batches) {
   batches_ = batches;
 }
 
-void Progress::step(int64_t batch, int64_t step, double mean_loss, double images_per_second) {
+void Progress::step(int64_t batch, int64_t step, double mean_loss, double rate, std::optional<double> accuracy) {
   if (mode_ == ProgressMode::off) return;
+  const std::string figures = fmt::format("mean loss {:.4f}{} {:.1f} {}", mean_loss,
+                                          accuracy ? fmt::format(" accuracy {:.1f}%", 100 * *accuracy) : "", rate, unit_);
   // The ETA extrapolates this run's own pace over the steps left (a resumed run starts part
   // way); the time spent validating so far counts in the pace.
   const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start_).count();
@@ -44,14 +46,14 @@ void Progress::step(int64_t batch, int64_t step, double mean_loss, double images
   if (mode_ == ProgressMode::bar) {
     constexpr int64_t width = 24;
     const int64_t filled = batches_ > 0 ? std::clamp<int64_t>(width * batch / batches_, 0, width) : width;
-    out_ << fmt::format("\repoch {}/{} [{}{}] {}/{} mean loss {:.4f} {:.1f} img/s run ETA {}\x1b[K", epoch_ + 1,
-                        epochs_, std::string(filled, '#'), std::string(width - filled, '.'), batch, batches_,
-                        mean_loss, images_per_second, clock_time(eta))
+    out_ << fmt::format("\repoch {}/{} [{}{}] {}/{} {} run ETA {}\x1b[K", epoch_ + 1, epochs_,
+                        std::string(filled, '#'), std::string(width - filled, '.'), batch, batches_, figures,
+                        clock_time(eta))
          << std::flush;
     open_line_ = true;
   } else if (batch % every_ == 0 || batch == batches_) {
-    out_ << fmt::format("epoch {}/{} step {}/{} mean loss {:.4f} {:.1f} img/s run ETA {}\n", epoch_ + 1, epochs_,
-                        batch, batches_, mean_loss, images_per_second, clock_time(eta))
+    out_ << fmt::format("epoch {}/{} step {}/{} {} run ETA {}\n", epoch_ + 1, epochs_, batch, batches_, figures,
+                        clock_time(eta))
          << std::flush;
   }
 }

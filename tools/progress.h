@@ -5,6 +5,8 @@
 #include <chrono>
 #include <cstdint>
 #include <iosfwd>
+#include <optional>
+#include <string>
 
 namespace kiln::train {
 
@@ -12,14 +14,16 @@ enum class ProgressMode { off, bar, lines };
 
 class Progress {
  public:
-  Progress(std::ostream& out, ProgressMode mode, int64_t every);
+  // `unit` names the rate: "img/s", or "tok/s" for the transformers.
+  Progress(std::ostream& out, ProgressMode mode, int64_t every, std::string unit = "img/s");
   // The run goes from step `first_step` (done before: a resumed run) to `total_steps`.
   void start_run(int64_t first_step, int64_t total_steps);
   // A new epoch (from 0) of `batches` batches.
   void start_epoch(int64_t epoch, int64_t epochs, int64_t batches);
   // Batch `batch` (counted from 1 within the epoch), the run's step `step` (from 1), is
-  // done; `mean_loss` is the epoch's mean loss so far.
-  void step(int64_t batch, int64_t step, double mean_loss, double images_per_second);
+  // done; `mean_loss` is the epoch's mean loss so far, `accuracy` (shown when given) its
+  // accuracy so far, `rate` the epoch's samples (or tokens) per second.
+  void step(int64_t batch, int64_t step, double mean_loss, double rate, std::optional<double> accuracy = {});
   // Ends the bar's line.
   void finish();
 
@@ -27,6 +31,7 @@ class Progress {
   std::ostream& out_;
   ProgressMode mode_;
   int64_t every_;
+  std::string unit_;
   int64_t epoch_ = 0, epochs_ = 0, batches_ = 0;
   int64_t first_step_ = 0, total_steps_ = 0;
   std::chrono::steady_clock::time_point run_start_ = std::chrono::steady_clock::now();

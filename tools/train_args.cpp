@@ -6,6 +6,7 @@
 #include <functional>
 #include <initializer_list>
 #include <map>
+#include <set>
 #include <string>
 
 #include "core/error.h"
@@ -58,13 +59,23 @@ bool one_of(const std::string& value, std::initializer_list<const char*> names) 
 
 }  // namespace
 
+std::string task_of(const Config& c) {
+  if (!c.task.empty()) return c.task;
+  return c.arch.starts_with("bert-") ? "mlm" : c.arch.starts_with("gpt2-") ? "clm" : "classify";
+}
+
 void validate(const Config& c) {
-  // Names (the data set is checked when it is opened: it may be a folder).
-  KILN_CHECK(one_of(c.arch, {"resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "mlp", "cnn"}),
-             "kiln-train: --arch {}: expected resnet18, resnet34, resnet50, resnet101, resnet152, mlp or cnn", c.arch);
+  // Names (the data set is checked when it is opened: it may be a folder or a file).
+  KILN_CHECK(one_of(c.arch, {"resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "mlp", "cnn", "bert-tiny",
+                             "bert-mini", "bert-base", "bert-large", "gpt2-tiny", "gpt2-mini", "gpt2-small"}),
+             "kiln-train: --arch {}: expected resnet18, resnet34, resnet50, resnet101, resnet152, mlp, cnn, bert-tiny, "
+             "bert-mini, bert-base, bert-large, gpt2-tiny, gpt2-mini or gpt2-small", c.arch);
+  const std::string task = task_of(c);
+  KILN_CHECK(one_of(task, {"mlm", "clm", "classify"}), "kiln-train: --task {}: expected mlm, clm or classify", task);
   KILN_CHECK(one_of(c.optimizer, {"sgd", "adamw"}), "kiln-train: --optimizer {}: expected sgd or adamw", c.optimizer);
-  KILN_CHECK(one_of(c.lr_schedule, {"constant", "cosine", "step", "multistep", "onecycle"}),
-             "kiln-train: --lr-schedule {}: expected constant, cosine, step, multistep or onecycle", c.lr_schedule);
+  KILN_CHECK(one_of(c.lr_schedule, {"constant", "cosine", "linear", "step", "multistep", "onecycle"}),
+             "kiln-train: --lr-schedule {}: expected constant, cosine, linear, step, multistep or onecycle",
+             c.lr_schedule);
   KILN_CHECK(one_of(c.weight_decay_scope, {"all", "no-norm-bias"}),
              "kiln-train: --weight-decay-scope {}: expected all or no-norm-bias", c.weight_decay_scope);
   KILN_CHECK(c.device == "cpu" || c.device == "cuda", "kiln-train: --device {}: expected cpu or cuda", c.device);
@@ -135,6 +146,33 @@ void validate(const Config& c) {
              "compiled program yet): drop --compile, or --sync-bn");
   KILN_CHECK(c.loss_scale != "dynamic" || c.amp != "off",
              "kiln-train: --loss-scale dynamic needs --amp (f32 gradients do not underflow)");
+
+  // The transformers train on text; the image models on images.
+  if (is_text_arch(c.arch)) {
+    KILN_CHECK(c.arch.starts_with("bert-") ? task != "clm" : task == "clm",
+               "kiln-train: --arch {} --task {}: {}", c.arch, task,
+               c.arch.starts_with("bert-") ? "BERT learns mlm (masked LM) or classify (a label per text)"
+                                           : "GPT-2 learns clm (the next token)");
+    KILN_CHECK(!one_of(c.data, {"synthetic", "fashion-mnist", "shapes"}),
+               "kiln-train: --arch {} trains on text: --data wordnet (WordNet's glosses), a folder of WordNet's data "
+               "files or a text file (documents separated by blank lines), not {}",
+               c.arch, c.data);
+    KILN_CHECK(c.seq_len >= 2 && c.seq_len <= kMaxSeqLen, "kiln-train: --seq-len {} must be between 2 and {}",
+               c.seq_len, kMaxSeqLen);
+    KILN_CHECK(c.vocab_size >= 8 && c.vocab_size <= kMaxVocabSize,
+               "kiln-train: --vocab-size {} must be between 8 and {}", c.vocab_size, kMaxVocabSize);
+    KILN_CHECK(c.image_size == 0 && c.pad == 0 && !c.channels_last && !c.zero_init_residual,
+               "kiln-train: --arch {} trains on text: --image-size, --pad, --channels-last and "
+               "--zero-init-residual are for the image models",
+               c.arch);
+    KILN_CHECK(!c.micro_batch_auto,
+               "kiln-train: --micro-batch auto measures image batches; give --arch {} a --micro-batch N", c.arch);
+  } else {
+    KILN_CHECK(task == "classify", "kiln-train: --task {}: the image models classify (mlm and clm are for bert-* "
+               "and gpt2-*)", task);
+    KILN_CHECK(c.init.empty() && c.vocab.empty(),
+               "kiln-train: --init and --vocab are for the transformers (resume an image model with --resume)");
+  }
 }
 
 std::vector<std::string> pytorch_differences(const Config& c) {
@@ -152,13 +190,15 @@ std::vector<std::string> pytorch_differences(const Config& c) {
 std::string usage() {
   return fmt::format(R"(usage: kiln-train [options]
 
-Trains a model of kiln's zoo on an image data set: eagerly, or compiled with --compile;
+Trains a model of kiln's zoo on an image data set, or a transformer on text (masked or
+causal language modelling, or fine-tuning a classifier): eagerly, or compiled with --compile;
 on the CPU, or on a CUDA GPU with --device cuda. The first lines of a run list the
 settings that differ from PyTorch's defaults.
 
 data and model:
   --data D             synthetic | fashion-mnist | shapes | DIR (DIR/train/<class>/*.jpg, DIR/val/...)  [synthetic]
   --arch A             resnet18 | resnet34 | resnet50 | resnet101 | resnet152 | mlp | cnn  [resnet50]
+                       | bert-tiny | bert-mini | bert-base | bert-large | gpt2-tiny | gpt2-mini | gpt2-small
   --image-size N       resize images to N x N, bilinear (1 to {})  [the data set's own: 224, 28, 64]
   --pad N              then pad each side with N black pixels, e.g. Fashion-MNIST 28 -> 32 with --pad 2  [0]
   --zero-init-residual each ResNet block's last batch norm weight starts at 0 (off, as torchvision)
@@ -167,6 +207,21 @@ data and model:
   --workers N          loader threads (0 to {})  [2]
   --skip-bad-images    skip (and count) unreadable or corrupt images instead of stopping
   --max-image-pixels N refuse a decoded or resized image of more pixels (a corrupt or hostile header)  [2^27]
+text (the transformers):
+  --data wordnet|FILE  WordNet's glosses (Debian's wordnet-base; a folder of its data files works
+                       too), or a text file of documents separated by blank lines  [wordnet]
+  --task T             mlm (masked LM, 15% of tokens, 80/10/10) | clm (next token) | classify
+                       (WordNet's glosses labelled with their 45 lexicographer files)
+                       [mlm for bert-*, clm for gpt2-*]
+  --seq-len N          tokens per sequence: packed blocks (mlm, clm), the longest text (classify)  [128]
+  --vocab FILE         a WordPiece vocab.txt  [--init's, else one trained on the training corpus,
+                       saved as DIR/vocab.txt with --checkpoint]
+  --vocab-size N       the size of the vocabulary trained  [4096]
+  --init PATH          start from these weights (fine-tuning): a checkpoint folder (its latest),
+                       one step-N folder or a .safetensors file (Hugging Face's names load); the
+                       weights the model has and the file lacks (a new head) start fresh
+  the transformers' defaults: --optimizer adamw --lr 5e-4 --lr-schedule linear --weight-decay 0.01
+  --weight-decay-scope no-norm-bias --clip-grad-norm 1
 optimization:
   --epochs N           passes over the training data  [1]
   --steps N            stop after N optimizer steps in all (overrides --epochs)
@@ -176,7 +231,7 @@ optimization:
   --memory-budget B    bytes --micro-batch auto may use, e.g. 4G  [half the available memory]
   --optimizer O        sgd | adamw  [sgd]
   --lr X               learning rate  [0.1]
-  --lr-schedule S      constant | cosine | step | multistep | onecycle  [cosine]
+  --lr-schedule S      constant | cosine | linear | step | multistep | onecycle  [cosine]
   --warmup N           linear warmup steps  [0]
   --momentum X         SGD momentum  [0.9]
   --nesterov           SGD with Nesterov momentum
@@ -208,7 +263,8 @@ run:
   --sync-bn            under a launcher (data parallel): batch norm statistics over every
                        rank's batch (dist::SyncBatchNorm; eager steps only)
   --help
-progress: the epoch's running mean loss, images per second and the time left of the whole run.
+progress: the epoch's running mean loss (per token for mlm and clm, with its accuracy), images
+or tokens per second and the time left of the whole run.
 A step whose loss is not finite stops the run with an error naming it.
 )",
                      kMaxImageSize, kMaxWorkers);
@@ -256,7 +312,14 @@ Config parse_args(int argc, const char* const* argv) {
       {"--amp", [&](auto&, auto& v) { c.amp = v; }},
       {"--loss-scale", [&](auto&, auto& v) { c.loss_scale = v; }},
       {"--clip-grad-norm", [&](auto& o, auto& v) { c.clip_grad_norm = parse_double(o, v); }},
+      {"--task", [&](auto&, auto& v) { c.task = v; }},
+      {"--seq-len", [&](auto& o, auto& v) { c.seq_len = parse_int(o, v); }},
+      {"--vocab", [&](auto&, auto& v) { c.vocab = v; }},
+      {"--vocab-size", [&](auto& o, auto& v) { c.vocab_size = parse_int(o, v); }},
+      {"--init", [&](auto&, auto& v) { c.init = v; }},
   };
+  // Options given, so that the transformers' defaults fill only the others.
+  std::set<std::string> given;
   const std::map<std::string, bool*> flags = {
       {"--channels-last", &c.channels_last}, {"--no-channels-last", &c.no_channels_last}, {"--resume", &c.resume},
       {"--skip-bad-images", &c.skip_bad_images}, {"--nesterov", &c.nesterov},
@@ -272,6 +335,7 @@ Config parse_args(int argc, const char* const* argv) {
       option = option.substr(0, eq);
     }
     if (option == "--compile") {
+      given.insert(option);
       c.compile = true;
       // An optional mode: --compile=MODE, or --compile MODE with a mode's name.
       if (inline_value) c.compile_mode = value;
@@ -280,6 +344,7 @@ Config parse_args(int argc, const char* const* argv) {
         c.compile_mode = argv[++i];
       continue;
     }
+    given.insert(option);
     if (auto f = flags.find(option); f != flags.end()) {
       KILN_CHECK(!inline_value, "kiln-train: {} takes no value", option);
       *f->second = true;
@@ -292,6 +357,21 @@ Config parse_args(int argc, const char* const* argv) {
       value = argv[++i];
     }
     s->second(option, value);
+  }
+  // The transformers' usual recipe (BERT's and GPT-2's papers, Hugging Face's Trainer):
+  // AdamW, linear decay, weight decay 0.01 that spares biases and LayerNorm weights, the
+  // gradients' norm clipped to 1.
+  if (is_text_arch(c.arch)) {
+    const auto fill = [&](const char* option, auto& field, auto value) {
+      if (!given.contains(option)) field = value;
+    };
+    fill("--data", c.data, std::string("wordnet"));
+    fill("--optimizer", c.optimizer, std::string("adamw"));
+    fill("--lr", c.lr, 5e-4);
+    fill("--lr-schedule", c.lr_schedule, std::string("linear"));
+    fill("--weight-decay", c.weight_decay, 0.01);
+    fill("--weight-decay-scope", c.weight_decay_scope, std::string("no-norm-bias"));
+    fill("--clip-grad-norm", c.clip_grad_norm, 1.0);
   }
   validate(c);
   // channels-last is CUDA's default for convolutional archs (cuDNN's tensor-core kernels are NHWC).

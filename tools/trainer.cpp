@@ -31,7 +31,12 @@
 #include "dist/process_group.h"
 #include "dist/sync_batch_norm.h"
 #include "data/loader.h"
+#include "data/text.h"
+#include "data/wordnet.h"
+#include "data/wordpiece.h"
+#include "models/bert.h"
 #include "models/containers.h"
+#include "models/gpt2.h"
 #include "models/layers.h"
 #include "models/resnet.h"
 #include "models/safetensors.h"
@@ -150,6 +155,141 @@ DataSets make_data(const Config& c) {
   return d;
 }
 
+// A text file's documents: its paragraphs, separated by blank lines (lines of spaces only).
+std::vector<std::string> read_documents(const fs::path& file) {
+  std::ifstream in(file);
+  KILN_CHECK(in.good(), "kiln-train: --data {}: cannot read the file", file.string());
+  std::vector<std::string> documents;
+  std::string line, document;
+  auto flush = [&] {
+    if (!document.empty()) documents.push_back(std::move(document));
+    document.clear();
+  };
+  while (std::getline(in, line)) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) flush();
+    else document += (document.empty() ? "" : " ") + line;
+  }
+  flush();
+  KILN_CHECK(!documents.empty(), "kiln-train: --data {}: no text in the file", file.string());
+  return documents;
+}
+
+bool is_wordnet(const Config& c) { return c.data == "wordnet" || fs::is_regular_file(fs::path(c.data) / "data.noun"); }
+
+// The vocabulary file a run reads: --vocab; a resumed run's own (saved with its first
+// checkpoint); the one beside --init's weights (a checkpoint folder's, or in the folder
+// above a step folder or a file); none (train one).
+fs::path vocab_file(const Config& c) {
+  if (!c.vocab.empty()) return c.vocab;
+  if (c.resume && fs::is_regular_file(c.checkpoint_dir / "vocab.txt")) return c.checkpoint_dir / "vocab.txt";
+  if (!c.init.empty()) {
+    const fs::path dir = fs::is_directory(c.init) ? c.init : c.init.parent_path();
+    for (const fs::path& f : {dir / "vocab.txt", dir.parent_path() / "vocab.txt"})
+      if (fs::is_regular_file(f)) return f;
+  }
+  return {};
+}
+
+// The transformers' data: WordNet's glosses (the training glosses for pretraining, their
+// lexicographer files for classify, the held-out glosses to validate) or a text file's
+// documents (every tenth held out), tokenized with the run's vocabulary.
+DataSets make_text_data(const Config& c, std::shared_ptr<const data::WordPiece>& tokenizer, std::string& vocab_source) {
+  const std::string task = task_of(c);
+  std::vector<std::string> train_docs, val_docs;
+  std::optional<data::TextTask> train_task, val_task;
+  if (is_wordnet(c)) {
+    const std::vector<data::WordnetSynset> synsets =
+        data::read_wordnet(c.data == "wordnet" ? data::kWordnetDir : fs::path(c.data));
+    train_docs = data::wordnet_corpus(synsets, data::Split::train);
+    if (task == "classify") {
+      train_task = data::wordnet_lex_task(synsets, data::Split::train);
+      val_task = data::wordnet_lex_task(synsets, data::Split::test);
+    } else {
+      val_docs = data::wordnet_corpus(synsets, data::Split::test);
+    }
+  } else {
+    KILN_CHECK(fs::is_regular_file(c.data),
+               "kiln-train: --data {}: not wordnet, a folder of WordNet's data files (data.noun, ...) or a text file",
+               c.data);
+    KILN_CHECK(task != "classify",
+               "kiln-train: --data {} --task classify: a text file has no labels; classify WordNet's glosses "
+               "(--data wordnet)",
+               c.data);
+    std::vector<std::string> documents = read_documents(c.data);
+    for (size_t i = 0; i < documents.size(); ++i)
+      (i % 10 == 9 ? val_docs : train_docs).push_back(std::move(documents[i]));
+  }
+  if (const fs::path file = vocab_file(c); !file.empty()) {
+    tokenizer = std::make_shared<const data::WordPiece>(data::WordPiece::load(file));
+    vocab_source = file.string();
+  } else {
+    const auto start = Clock::now();
+    tokenizer = std::make_shared<const data::WordPiece>(
+        data::train_wordpiece(train_docs, {.vocab_size = c.vocab_size}));
+    vocab_source = fmt::format("trained on the training text in {:.1f} s", seconds_since(start));
+  }
+  const std::string name = is_wordnet(c) ? "WordNet glosses" : fs::path(c.data).filename().string();
+  DataSets d;
+  if (task == "classify") {
+    d.train = std::make_shared<data::TextClassification>(*train_task, tokenizer, c.seq_len,
+                                                         name + " -> lexicographer file");
+    d.val = std::make_shared<data::TextClassification>(*val_task, tokenizer, c.seq_len,
+                                                       "held-out " + name + " -> lexicographer file");
+  } else {
+    const auto language_model = [&](const std::vector<std::string>& docs,
+                                     const std::string& what) -> std::shared_ptr<const data::Dataset> {
+      auto text = std::make_shared<const data::PackedText>(docs, tokenizer, c.seq_len, what);
+      if (task == "mlm") return std::make_shared<const data::MaskedLM>(text, tokenizer);
+      return std::make_shared<const data::CausalLM>(text, tokenizer);
+    };
+    d.train = language_model(train_docs, name);
+    if (!val_docs.empty()) d.val = language_model(val_docs, "held-out " + name);
+  }
+  d.train = subset(d.train, c.train_samples);
+  if (d.val) d.val = subset(d.val, c.val_samples);
+  return d;
+}
+
+// --init's weights file: the file itself, a step folder's model.safetensors, or the
+// latest checkpoint's of a checkpoint folder.
+fs::path init_weights_file(const fs::path& init) {
+  if (fs::is_regular_file(init)) return init;
+  KILN_CHECK(fs::is_directory(init), "kiln-train: --init {}: no such file or folder", init.string());
+  if (fs::is_regular_file(init / "model.safetensors")) return init / "model.safetensors";
+  const std::vector<fs::path> folders = checkpoint_folders(init);
+  KILN_CHECK(!folders.empty(), "kiln-train: --init {}: neither a checkpoint folder nor a step folder (no "
+             "model.safetensors)", init.string());
+  return folders.back() / "model.safetensors";
+}
+
+// Loads the tensors of `file` that `model` has (by name: kiln's names are Hugging Face's);
+// the model's others keep their fresh initialization (a new head), as Hugging Face's
+// from_pretrained does. Says what it did in one line.
+std::string load_init(nn::Module& model, const fs::path& file) {
+  const StateDict state = load_safetensors(file.string());
+  const StateDict own = model.state_dict();
+  StateDict kept;
+  std::vector<std::string> fresh;
+  int64_t unused = 0;
+  for (const auto& [name, t] : state) {
+    if (own.contains(name)) kept[name] = t;
+    else ++unused;
+  }
+  for (const auto& [name, t] : own)
+    if (!state.contains(name)) fresh.push_back(name);
+  KILN_CHECK(!kept.empty(), "kiln-train: --init {}: none of its {} tensors is a weight of {} (its names are not the "
+             "model's: another architecture?)", file.string(), state.size(), model.type_name());
+  model.load_state_dict(kept, /*strict=*/false);
+  const size_t shown = std::min<size_t>(fresh.size(), 4);
+  return fmt::format("{} tensors from {}{}{}", kept.size(), file.string(),
+                     fresh.empty() ? std::string()
+                                   : fmt::format("; initialized fresh: {}{}",
+                                                 fmt::join(fresh.begin(), fresh.begin() + shown, ", "),
+                                                 fresh.size() > shown ? fmt::format(" and {} more", fresh.size() - shown)
+                                                                      : std::string()),
+                     unused > 0 ? fmt::format("; {} of the file's tensors unused", unused) : std::string());
+}
+
 std::unique_ptr<optim::Optimizer> make_optimizer(const Config& c, const nn::Module& model) {
   // PyTorch's optimizers decay every parameter they are given; no-norm-bias is the common
   // recipe that exempts biases and norm weights.
@@ -170,11 +310,13 @@ std::shared_ptr<optim::LRSchedule> make_schedule(const Config& c, int64_t total_
   std::shared_ptr<optim::LRSchedule> s;
   if (c.lr_schedule == "constant") s = std::make_shared<optim::LinearWarmup>(0);
   else if (c.lr_schedule == "cosine") s = std::make_shared<optim::Cosine>(after);
+  else if (c.lr_schedule == "linear") s = std::make_shared<optim::LinearDecay>(after);
   else if (c.lr_schedule == "step") s = std::make_shared<optim::StepDecay>(std::max<int64_t>(after / 3, 1), 0.1);
   else if (c.lr_schedule == "multistep")
     s = std::make_shared<optim::MultiStep>(std::vector<int64_t>{after / 2, after * 3 / 4}, 0.1);
   else if (c.lr_schedule == "onecycle") s = std::make_shared<optim::OneCycle>(after);
-  else fail("kiln-train: --lr-schedule {}: expected constant, cosine, step, multistep or onecycle", c.lr_schedule);
+  else fail("kiln-train: --lr-schedule {}: expected constant, cosine, linear, step, multistep or onecycle",
+            c.lr_schedule);
   return c.warmup > 0 ? optim::chain(c.warmup, s) : s;
 }
 
@@ -205,29 +347,32 @@ struct Evaluation {
   double loss = 0, accuracy = 0;
 };
 
-// One validation batch (input, target) through the model as it is (eval mode, no grad):
-// the batch's mean loss and its count of correct predictions, as tensors.
-std::vector<Tensor> eval_batch(nn::Module& model, const std::string& arch, MemoryFormat format,
-                               const std::vector<Tensor>& batch) {
-  const Tensor x = arch == "mlp" ? batch[0].flatten(1) : batch[0].contiguous(format);
-  const Tensor logits = model(x);
-  return {cross_entropy(logits, batch[1]), sum(eq(argmax(logits, 1), batch[1]))};
+// One validation batch {input, target[, mask]} through the model as it is (eval mode, no
+// grad): the sum of its losses, its count of correct predictions and of predictions (the
+// samples, or the tokens whose target is not kIgnoreIndex), as tensors.
+std::vector<Tensor> eval_batch(nn::Module& model, MemoryFormat format, const std::vector<Tensor>& batch) {
+  const bool tokens = batch[1].dim() == 2;
+  const Tensor logits =
+      call_model(model, tokens ? batch[0] : batch[0].contiguous(format), batch.size() > 2 ? batch[2] : Tensor());
+  return {cross_entropy(logits.reshape({-1, logits.size(-1)}), batch[1].reshape({-1}), {.reduction = "sum"}),
+          sum(eq(argmax(logits, -1), batch[1])), sum(ne(batch[1], data::kIgnoreIndex))};
 }
 
 // With `compiled` (--compile: eval_batch compiled, a graph per batch shape), the batches
 // run as its generated code; the host reads their results between batches.
-Evaluation evaluate(nn::Module& model, data::Loader& loader, const std::string& arch, Device device,
-                    MemoryFormat format, compiler::CompiledFunction* compiled) {
+Evaluation evaluate(nn::Module& model, data::Loader& loader, Device device, MemoryFormat format,
+                    compiler::CompiledFunction* compiled) {
   NoGradGuard no_grad;
   model.eval();
   double loss_sum = 0;
   int64_t correct = 0, total = 0;
   for (data::Batch& batch : loader.epoch(0)) {
-    const std::vector<Tensor> inputs{batch.input.to(device), batch.target.to(device)};
-    const std::vector<Tensor> result = compiled ? (*compiled)(inputs) : eval_batch(model, arch, format, inputs);
-    loss_sum += result[0].item<double>() * batch.size();
+    std::vector<Tensor> inputs{batch.input.to(device), batch.target.to(device)};
+    if (batch.mask.defined()) inputs.push_back(batch.mask.to(device));
+    const std::vector<Tensor> result = compiled ? (*compiled)(inputs) : eval_batch(model, format, inputs);
+    loss_sum += result[0].item<double>();
     correct += result[1].item<int64_t>();
-    total += batch.size();
+    total += result[2].item<int64_t>();
   }
   model.train();
   if (total == 0) return {};
@@ -282,6 +427,46 @@ std::shared_ptr<nn::Module> make_model(const std::string& arch, int64_t classes,
   fail("kiln-train: --arch {}: expected resnet18, resnet34, resnet50, resnet101, resnet152, mlp or cnn", arch);
 }
 
+bool is_text_arch(const std::string& arch) { return arch.starts_with("bert-") || arch.starts_with("gpt2-"); }
+
+std::shared_ptr<nn::Module> make_text_model(const std::string& arch, const std::string& task, int64_t vocab_size,
+                                            int64_t classes, int64_t seq_len, int64_t pad_id) {
+  const std::string size = arch.substr(arch.find('-') + 1);
+  if (arch.starts_with("bert-")) {
+    KILN_CHECK(size == "tiny" || size == "mini" || size == "base" || size == "large",
+               "kiln-train: --arch {}: expected bert-tiny, bert-mini, bert-base or bert-large", arch);
+    models::BertConfig config = size == "tiny"   ? models::BertConfig::tiny(vocab_size)
+                                : size == "mini" ? models::BertConfig::mini(vocab_size)
+                                : size == "base" ? models::BertConfig::base(vocab_size)
+                                                 : models::BertConfig::large(vocab_size);
+    config.max_position_embeddings = std::max(config.max_position_embeddings, seq_len);
+    config.pad_token_id = pad_id;
+    if (task == "mlm") return std::make_shared<models::BertForMaskedLM>(config);
+    if (task == "classify") return std::make_shared<models::BertForSequenceClassification>(config, classes);
+    fail("kiln-train: --arch {} --task {}: BERT learns mlm (masked LM) or classify", arch, task);
+  }
+  if (arch.starts_with("gpt2-")) {
+    KILN_CHECK(size == "tiny" || size == "mini" || size == "small",
+               "kiln-train: --arch {}: expected gpt2-tiny, gpt2-mini or gpt2-small", arch);
+    models::GPT2Config config = size == "tiny"   ? models::GPT2Config::tiny(vocab_size)
+                                : size == "mini" ? models::GPT2Config::mini(vocab_size)
+                                                 : models::GPT2Config::small(vocab_size);
+    config.n_positions = std::max(config.n_positions, seq_len);
+    KILN_CHECK(task == "clm", "kiln-train: --arch {} --task {}: GPT-2 learns clm (the next token)", arch, task);
+    return std::make_shared<models::GPT2LMHeadModel>(config);
+  }
+  fail("kiln-train: --arch {}: not a transformer (bert-* or gpt2-*)", arch);
+}
+
+Tensor call_model(nn::Module& model, const Tensor& input, const Tensor& mask) {
+  if (auto* bert = dynamic_cast<models::BertForMaskedLM*>(&model)) return bert->forward(input, mask);
+  if (auto* bert = dynamic_cast<models::BertForSequenceClassification*>(&model)) return bert->forward(input, mask);
+  if (auto* gpt2 = dynamic_cast<models::GPT2LMHeadModel*>(&model)) return gpt2->forward(input, mask);
+  KILN_CHECK(!mask.defined(), "kiln-train: a {} takes no token mask (it is not a transformer)", model.type_name());
+  if (dynamic_cast<models::MLP*>(&model)) return model(input.flatten(1));
+  return model(input);
+}
+
 AmpChoice choose_amp(const Config& c) {
   AmpChoice choice;
   if (c.amp == "off") {
@@ -309,8 +494,10 @@ AmpChoice choose_amp(const Config& c) {
 }
 
 compiler::TracedFunction micro_step_function(nn::Module& model, double label_smoothing, const Precision& precision) {
-  const bool flatten_input = dynamic_cast<models::MLP*>(&model) != nullptr;
-  return [&model, label_smoothing, flatten_input, precision](const std::vector<Tensor>& args) -> std::vector<Tensor> {
+  return [&model, label_smoothing, precision](const std::vector<Tensor>& args) -> std::vector<Tensor> {
+    // Per-token targets: the sum over the predicted tokens, each weighted 1 / (the global
+    // batch's count) by args[2]; per-sample targets: the micro-batch's mean.
+    const bool per_token = args[1].dim() == 2;
     Tensor logits, loss;
     {
       // Forward and loss under autocast; backward outside it, as PyTorch recommends (its ops
@@ -318,13 +505,16 @@ compiler::TracedFunction micro_step_function(nn::Module& model, double label_smo
       autocast amp({.device_type = args[0].device().type,
                     .dtype = precision.autocast,
                     .enabled = precision.autocast.has_value()});
-      logits = model(flatten_input ? args[0].flatten(1) : args[0]);
-      loss = cross_entropy(logits, args[1], {.label_smoothing = label_smoothing});
+      logits = call_model(model, args[0], args.size() > 3 ? args[3] : Tensor());
+      loss = per_token ? cross_entropy(logits.reshape({-1, logits.size(-1)}), args[1].reshape({-1}),
+                                       {.reduction = "sum", .label_smoothing = label_smoothing})
+                       : cross_entropy(logits, args[1], {.label_smoothing = label_smoothing});
     }
     const Tensor weighted = loss * args[2].to(loss.dtype());
     (precision.scaler ? precision.scaler->scale(weighted) : weighted).backward();
     NoGradGuard no_grad;
-    return {loss.detach(), sum(eq(argmax(logits.detach(), 1), args[1]))};
+    // An ignored token's target (kIgnoreIndex) is never the argmax.
+    return {loss.detach(), sum(eq(argmax(logits.detach(), -1), args[1]))};
   };
 }
 
@@ -351,8 +541,27 @@ void finish_step(optim::Optimizer& optimizer, const Precision& precision) {
 
 StepStats run_step(const compiler::TracedFunction& micro_step, optim::Optimizer& optimizer,
                    const optim::Accumulation& accumulation, const Tensor& input, const Tensor& target,
-                   const Precision& precision, const DataParallelStep* dp) {
+                   const Precision& precision, const DataParallelStep* dp, const Tensor& mask) {
   StepStats stats;
+  KILN_CHECK(!mask.defined() || (mask.dim() == 2 && input.dim() == 2 && mask.shape() == input.shape()),
+             "train_step: a mask {} goes with token batches [N, L] of its shape, got input {}",
+             mask.defined() ? mask.meta_str() : "", input.meta_str());
+  // Per-token targets: every micro-step weighs a token W / (the global batch's count of
+  // predicted tokens), counted on the device (and summed over the ranks), so the step reads
+  // nothing back before its end. With no token to predict the weight is W (the loss is 0).
+  const bool per_token = target.dim() == 2;
+  Tensor token_weight, predicted;
+  if (per_token) {
+    NoGradGuard no_grad;
+    predicted = sum(ne(target, data::kIgnoreIndex)).to(DType::f64);
+    if (dp) {
+      const Tensor global = predicted.to(Device::cpu()).reshape({1}).contiguous();
+      dist::all_reduce(global).wait();
+      predicted = global.reshape({}).to(target.device());
+    }
+    token_weight = div(scalar_tensor(static_cast<double>(dp ? dp->world_size : 1), DType::f64, target.device()),
+                       maximum(predicted, scalar_tensor(1.0, DType::f64, target.device())));
+  }
   // The step's loss is the mean over the global batch: each micro-batch's mean loss
   // weighted by its share of the samples (the weight the gradient used). Summed where the
   // micro-steps run and read once per step, after the update: a micro-step reads nothing
@@ -365,10 +574,13 @@ StepStats run_step(const compiler::TracedFunction& micro_step, optim::Optimizer&
     // Data parallel: the gradients are all-reduced on the last micro-step only.
     std::optional<dist::DistributedDataParallel::NoSync> no_sync;
     if (dp) no_sync.emplace(*dp->ddp, !micro.is_last);
-    const std::vector<Tensor> out = micro_step({micro.x, micro.y, micro.weight});
+    const Tensor weight = per_token ? token_weight : micro.weight;
+    std::vector<Tensor> args{micro.x, micro.y, weight};
+    if (mask.defined()) args.push_back(mask.narrow(0, micro.start, micro.size));
+    const std::vector<Tensor> out = micro_step(args);
     micro.finish();
     NoGradGuard no_grad;
-    const Tensor weighted = out[0].to(DType::f64) * micro.weight.to(out[0].device());
+    const Tensor weighted = out[0].to(DType::f64) * weight.to(out[0].device());
     loss_sum = loss_sum.defined() ? loss_sum + weighted : weighted;
     correct_sum = correct_sum.defined() ? correct_sum + out[1] : out[1];
     stats.samples += micro.size;
@@ -387,10 +599,12 @@ StepStats run_step(const compiler::TracedFunction& micro_step, optim::Optimizer&
     stats.loss = sums[0] / dp->world_size;
     stats.correct = static_cast<int64_t>(sums[1]);
     stats.samples = static_cast<int64_t>(sums[2]);
+    stats.predicted = per_token ? static_cast<int64_t>(predicted.item<double>()) : stats.samples;
     return stats;
   }
   stats.loss = loss_sum.item<double>();
   stats.correct = correct_sum.item<int64_t>();
+  stats.predicted = per_token ? static_cast<int64_t>(predicted.item<double>()) : stats.samples;
   return stats;
 }
 
@@ -398,16 +612,16 @@ StepStats run_step(const compiler::TracedFunction& micro_step, optim::Optimizer&
 
 StepStats train_step(nn::Module& model, optim::Optimizer& optimizer, const optim::Accumulation& accumulation,
                      const Tensor& input, const Tensor& target, double label_smoothing, const Precision& precision,
-                     const DataParallelStep* data_parallel) {
+                     const DataParallelStep* data_parallel, const Tensor& mask) {
   return run_step(micro_step_function(model, label_smoothing, precision), optimizer, accumulation, input, target,
-                  precision, data_parallel);
+                  precision, data_parallel, mask);
 }
 
 StepStats train_step_compiled(compiler::CompiledFunction& compiled, optim::Optimizer& optimizer,
                               const optim::Accumulation& accumulation, const Tensor& input, const Tensor& target,
-                              const Precision& precision, const DataParallelStep* data_parallel) {
+                              const Precision& precision, const DataParallelStep* data_parallel, const Tensor& mask) {
   return run_step([&compiled](const std::vector<Tensor>& args) { return compiled(args); }, optimizer, accumulation,
-                  input, target, precision, data_parallel);
+                  input, target, precision, data_parallel, mask);
 }
 
 compiler::TracedFunction whole_step_function(nn::Module& model, optim::Optimizer& optimizer,
@@ -415,6 +629,9 @@ compiler::TracedFunction whole_step_function(nn::Module& model, optim::Optimizer
                                              const Precision& precision) {
   return [micro_step = micro_step_function(model, label_smoothing, precision), &optimizer, accumulation,
           precision](const std::vector<Tensor>& args) -> std::vector<Tensor> {
+    KILN_CHECK(args.size() == 2 && args[1].dim() == 1,
+               "whole_step_function: takes {{input, target}} with a class per sample (per-token targets and masks "
+               "need train_step's token weights), got {} arguments", args.size());
     // In place: clearing .grad to none inside a compiled function would change its guard.
     optimizer.zero_grad(/*set_to_none=*/false);
     Tensor loss_sum, correct_sum;
@@ -503,12 +720,26 @@ Result run(const Config& given, std::ostream& given_out) {
   if (!c.log_file.empty()) check_writable(c.log_file, "--log");
   if (!plot.empty()) check_writable(plot, c.plot_file.empty() ? "--checkpoint" : "--plot");
 
-  DataSets d = make_data(c);
+  const bool text = is_text_arch(c.arch);
+  const std::string task = task_of(c);
+  std::shared_ptr<const data::WordPiece> tokenizer;
+  std::string vocab_source;
+  DataSets d = text ? make_text_data(c, tokenizer, vocab_source) : make_data(c);
   const std::vector<int64_t> shape = d.train->sample_shape();
-  KILN_CHECK(shape.size() == 3, "kiln-train: samples of {} are not images [C, H, W]", d.train->describe());
+  KILN_CHECK(text || shape.size() == 3, "kiln-train: samples of {} are not images [C, H, W]", d.train->describe());
   const int64_t classes = d.train->num_classes();
   manual_seed(c.seed);
-  std::shared_ptr<nn::Module> model = make_model(c.arch, classes, shape[0], shape[1], c.zero_init_residual);
+  std::shared_ptr<nn::Module> model =
+      text ? make_text_model(c.arch, task, tokenizer->vocab_size(), classes, c.seq_len, tokenizer->pad_id())
+           : make_model(c.arch, classes, shape[0], shape[1], c.zero_init_residual);
+  // Fine-tuning: the weights of --init (a resumed run then loads its own checkpoint over them).
+  const std::string init_report = c.init.empty() ? std::string() : load_init(*model, init_weights_file(c.init));
+  // The vocabulary goes with the checkpoints, so that --init DIR and --resume read it back.
+  if (text && rank == 0 && !c.checkpoint_dir.empty() && vocab_source != (c.checkpoint_dir / "vocab.txt").string()) {
+    std::error_code ec;
+    fs::create_directories(c.checkpoint_dir, ec);
+    tokenizer->save(c.checkpoint_dir / "vocab.txt");
+  }
   // The loader makes batches on the CPU; each step copies its batch to the device.
   const Device device = c.device == "cuda" ? Device::cuda() : Device::cpu();
   const MemoryFormat format = c.channels_last ? MemoryFormat::channels_last : MemoryFormat::contiguous;
@@ -534,14 +765,19 @@ Result run(const Config& given, std::ostream& given_out) {
   const bool drop_last = batch_norm && d.train->size() % c.batch == 1;
   // On a GPU the batches come in pinned memory: their copies to the device run at full speed.
   const bool pin = device.is_cuda();
+  // Texts to classify are padded to a multiple of 16 tokens: a compiled step meets at most
+  // seq_len / 16 lengths (packed blocks all have seq_len tokens).
+  const int64_t pad_multiple = text && task == "classify" ? 16 : 0;
   data::Loader train_loader(d.train, {.batch_size = c.batch, .shuffle = true, .drop_last = drop_last,
                                       .workers = c.workers, .seed = c.seed, .skip_bad_samples = c.skip_bad_images,
-                                      .pin_memory = pin, .rank = rank, .world_size = world});
+                                      .pin_memory = pin, .rank = rank, .world_size = world,
+                                      .pad_multiple = pad_multiple});
   std::unique_ptr<data::Loader> val_loader;
   if (d.val)
     val_loader = std::make_unique<data::Loader>(
         d.val, data::LoaderOptions{.batch_size = std::max<int64_t>(c.batch, 64), .workers = c.workers, .seed = c.seed,
-                                   .skip_bad_samples = c.skip_bad_images, .pin_memory = pin});
+                                   .skip_bad_samples = c.skip_bad_images, .pin_memory = pin,
+                                   .pad_multiple = pad_multiple});
 
   std::unique_ptr<optim::Optimizer> optimizer = make_optimizer(c, *model);
   const int64_t per_epoch = train_loader.batches_per_epoch();
@@ -603,9 +839,9 @@ Result run(const Config& given, std::ostream& given_out) {
     compiled = compiler::compile(micro_step_function(*model, c.label_smoothing, precision), options);
     // Validation too: the forward in eval mode, no grad (guards of their own).
     compiled_eval = compiler::compile(
-        [&model, arch = c.arch, format, dtype = amp.dtype](const std::vector<Tensor>& batch) {
+        [&model, format, dtype = amp.dtype](const std::vector<Tensor>& batch) {
           autocast scope({.device_type = batch[0].device().type, .dtype = dtype, .enabled = dtype.has_value()});
-          return eval_batch(*model, arch, format, batch);
+          return eval_batch(*model, format, batch);
         },
         options);
   }
@@ -616,8 +852,16 @@ Result run(const Config& given, std::ostream& given_out) {
     KILN_CHECK(log.good(), "kiln-train: cannot write the log file {}", c.log_file.string());
   }
   if (!c.quiet) {
-    out << fmt::format("kiln-train: {} on {}{}\n", c.arch, d.train->describe(),
-                       d.val ? fmt::format("; validating on {}", d.val->describe()) : "");
+    out << fmt::format("kiln-train: {}{} on {}{}\n", c.arch,
+                       text ? fmt::format(" ({})", task == "mlm"   ? "masked LM"
+                                                   : task == "clm" ? "causal LM"
+                                                                   : fmt::format("classifier of {} classes", classes))
+                            : "",
+                       d.train->describe(), d.val ? fmt::format("; validating on {}", d.val->describe()) : "");
+    if (text)
+      out << fmt::format("  vocabulary: {} WordPiece tokens, {}; sequences of up to {} tokens\n",
+                         tokenizer->vocab_size(), vocab_source, c.seq_len);
+    if (!init_report.empty()) out << "  init: " << init_report << '\n';
     out << fmt::format("  {} steps of batch {} (micro-batch {}, {} per step), {} epochs, {} lr {} {}, {} workers, {}\n",
                        total_steps, c.batch, micro, accumulation.steps(c.batch), epochs, c.optimizer, c.lr,
                        c.lr_schedule, c.workers, c.compile ? "compiled (" + c.compile_mode + ")" : std::string("eager"));
@@ -634,7 +878,7 @@ Result run(const Config& given, std::ostream& given_out) {
       out << fmt::format("  resumed at step {} (epoch {}, batch {})\n", state.step, state.epoch + 1, state.batch);
   }
   Progress progress(out, c.quiet ? ProgressMode::off : (isatty(STDOUT_FILENO) ? ProgressMode::bar : ProgressMode::lines),
-                    c.print_every);
+                    c.print_every, text ? "tok/s" : "img/s");
   progress.start_run(state.step, total_steps);
 
   int64_t step = state.step;
@@ -667,27 +911,32 @@ Result run(const Config& given, std::ostream& given_out) {
     for (data::Batch& batch : train_loader.epoch(epoch, start)) {
       const auto t0 = Clock::now();
       const Tensor input = batch.input.to(device).contiguous(format), target = batch.target.to(device);
+      const Tensor mask = batch.mask.defined() ? batch.mask.to(device) : Tensor();
       const DataParallelStep data_parallel{.ddp = ddp ? &*ddp : nullptr, .world_size = world,
                                            .global_samples = batch.global_size};
       const DataParallelStep* dp = ddp ? &data_parallel : nullptr;
       const StepStats s =
-          compiled ? train_step_compiled(*compiled, *optimizer, accumulation, input, target, precision, dp)
-                   : train_step(*model, *optimizer, accumulation, input, target, c.label_smoothing, precision, dp);
+          compiled ? train_step_compiled(*compiled, *optimizer, accumulation, input, target, precision, dp, mask)
+                   : train_step(*model, *optimizer, accumulation, input, target, c.label_smoothing, precision, dp, mask);
       const double lr = optimizer->param_groups().front().lr();
       scheduler.step();
       ++step;
       ++steps_this_run;
       batch_index = batch.index + 1;  // the loader's position: a batch of bad images only is skipped
-      loss_sum += s.loss * s.samples;
+      // The epoch's means are over the predictions: samples, or predicted tokens (mlm, clm).
+      loss_sum += s.loss * s.predicted;
       correct += s.correct;
-      seen += s.samples;
-      seen_now += s.samples;
+      seen += s.predicted;
+      // The rate counts images, or tokens that are not padding (this rank's times the ranks).
+      const int64_t units = text ? (batch.mask.defined() ? sum(batch.mask).item<int64_t>() : batch.input.numel()) * world
+                                 : s.samples;
+      seen_now += units;
       result.step_losses.push_back(s.loss);
-      const double images_per_second = s.samples / std::max(seconds_since(t0), 1e-9);
+      const double rate = units / std::max(seconds_since(t0), 1e-9);
       if (log.is_open())
-        log << fmt::format(R"({{"step":{},"epoch":{},"loss":{},"lr":{},"img_per_s":{:.1f},"accuracy":{}{}}})", step,
-                           epoch + 1, json_number(s.loss), json_number(lr), images_per_second,
-                           json_number(static_cast<double>(s.correct) / s.samples),
+        log << fmt::format(R"({{"step":{},"epoch":{},"loss":{},"lr":{},"{}":{:.1f},"accuracy":{}{}}})", step,
+                           epoch + 1, json_number(s.loss), json_number(lr), text ? "tok_per_s" : "img_per_s", rate,
+                           json_number(static_cast<double>(s.correct) / std::max<int64_t>(s.predicted, 1)),
                            scaler ? fmt::format(R"(,"loss_scale":{})", json_number(scaler->get_scale())) : "")
             << '\n'
             << std::flush;
@@ -700,7 +949,9 @@ Result run(const Config& given, std::ostream& given_out) {
              step, epoch + 1, batch_index, per_epoch, std::isnan(s.loss) ? "NaN" : s.loss > 0 ? "inf" : "-inf");
       }
       progress.step(batch_index, step, loss_sum / std::max<int64_t>(seen, 1),
-                    seen_now / std::max(seconds_since(epoch_start), 1e-9));
+                    seen_now / std::max(seconds_since(epoch_start), 1e-9),
+                    text ? std::optional<double>(static_cast<double>(correct) / std::max<int64_t>(seen, 1))
+                         : std::nullopt);
       bool stop = stop_requested.load() || (c.stop_after_steps > 0 && steps_this_run >= c.stop_after_steps);
       if (world > 1) {
         // Every rank stops after the same step (Ctrl-C reaches them at different moments).
@@ -729,19 +980,18 @@ Result run(const Config& given, std::ostream& given_out) {
                        .images_per_second = seen_now / std::max(seconds_since(epoch_start), 1e-9)};
     if (val_loader) {
       autocast scope({.device_type = device.type, .dtype = amp.dtype, .enabled = amp.dtype.has_value()});
-      const Evaluation e =
-          evaluate(*model, *val_loader, c.arch, device, format, compiled_eval ? &*compiled_eval : nullptr);
+      const Evaluation e = evaluate(*model, *val_loader, device, format, compiled_eval ? &*compiled_eval : nullptr);
       record.val_loss = e.loss;
       record.val_accuracy = e.accuracy;
     }
     result.epochs.push_back(record);
     if (!c.quiet)
-      out << fmt::format("epoch {}/{}: loss {:.4f}, train accuracy {:.1f}%{}, {:.1f} img/s, {:.0f} s\n", epoch + 1,
+      out << fmt::format("epoch {}/{}: loss {:.4f}, train accuracy {:.1f}%{}, {:.1f} {}, {:.0f} s\n", epoch + 1,
                          epochs, record.train_loss, 100 * record.train_accuracy,
                          val_loader ? fmt::format(", validation accuracy {:.2f}% (loss {:.4f})",
                                                   100 * record.val_accuracy, record.val_loss)
                                     : "",
-                         record.images_per_second, seconds_since(epoch_start));
+                         record.images_per_second, text ? "tok/s" : "img/s", seconds_since(epoch_start));
     if (log.is_open())
       log << fmt::format(R"({{"epoch":{},"step":{},"train_loss":{},"train_accuracy":{},"val_loss":{},"val_accuracy":{}}})",
                          epoch + 1, step, json_number(record.train_loss), json_number(record.train_accuracy),
@@ -762,6 +1012,8 @@ Result run(const Config& given, std::ostream& given_out) {
   if (compiled && !c.quiet) {
     out << fmt::format("compiled: {} training graphs ({} recompiles), {} validation graphs\n", compiled->cache_size(),
                        compiled->recompiles(), compiled_eval->cache_size());
+    // KILN_PROFILE=1 timed every kernel and library op of the programs: where the time went.
+    if (const char* env = std::getenv("KILN_PROFILE"); env && std::string(env) == "1") out << compiled->profile();
     if (c.compile_mode != "default") {
       const compiler::CudaGraphStats g = compiled->cuda_graphs(), e = compiled_eval->cuda_graphs();
       out << fmt::format("CUDA graphs: {} captured, {} replays (validation: {} captured, {} replays){}\n",

@@ -28,8 +28,19 @@
 namespace kiln::train {
 
 struct Config {
-  std::string data = "synthetic";  // synthetic | fashion-mnist | shapes | a folder with train/ (and val/)
-  std::string arch = "resnet50";   // resnet18|34|50|101|152 | mlp | cnn
+  // synthetic | fashion-mnist | shapes | a folder with train/ (and val/) for the image
+  // models; wordnet | a text file (documents separated by blank lines) for the transformers
+  std::string data = "synthetic";
+  std::string arch = "resnet50";  // resnet18|34|50|101|152 | mlp | cnn | bert-tiny|mini|base|large | gpt2-tiny|mini|small
+  // What the transformers learn: mlm (masked LM, BERT's pretraining), clm (next token,
+  // GPT-2's) or classify (a label per text: WordNet's glosses and their 45 lexicographer
+  // files, BERT only). parse_args resolves the default: mlm for bert-*, clm for gpt2-*,
+  // classify for the image models (the only task they have).
+  std::string task;
+  int64_t seq_len = 128;           // tokens per sequence (packed blocks; classification's longest text)
+  std::filesystem::path vocab;     // a WordPiece vocab.txt (empty: --init's, or one trained on the corpus)
+  int64_t vocab_size = 4096;       // the vocabulary trained when there is none to read
+  std::filesystem::path init;      // start from these weights: a checkpoint folder or a .safetensors file
   int64_t epochs = 1;
   int64_t steps = 0;             // stop after this many optimizer steps in all (0: epochs decide)
   int64_t batch = 32;            // the global batch: samples per optimizer step
@@ -80,6 +91,10 @@ struct Config {
   bool quiet = false;  // no progress output (tests)
 };
 
+// config.task, or the default for config.arch: mlm for bert-*, clm for gpt2-*, classify for
+// the image models.
+std::string task_of(const Config& config);
+
 // Parses kiln-train's command line (argv[0] is skipped) and validates it. --help throws
 // HelpRequested.
 Config parse_args(int argc, const char* const* argv);
@@ -90,6 +105,8 @@ inline constexpr int64_t kMaxImageSize = 4096;             // --image-size, and 
 inline constexpr int64_t kMaxBatch = int64_t{1} << 24;     // --batch
 inline constexpr int64_t kMaxEpochs = 1'000'000;           // --epochs
 inline constexpr int64_t kMaxSteps = 1'000'000'000'000;    // --steps, --warmup, --stop-after
+inline constexpr int64_t kMaxSeqLen = 65536;               // --seq-len
+inline constexpr int64_t kMaxVocabSize = int64_t{1} << 20;  // --vocab-size
 void validate(const Config& config);
 // The settings of `config` that differ from PyTorch's defaults (torchvision's ResNet,
 // torch.optim, nn.CrossEntropyLoss, torchvision's datasets), one phrase each, such as
@@ -104,13 +121,13 @@ struct EpochRecord {
   int64_t epoch = 0;  // from 0
   double train_loss = 0, train_accuracy = 0;
   double val_loss = 0, val_accuracy = 0;
-  double images_per_second = 0;
+  double images_per_second = 0;  // tokens per second for the transformers
 };
 
 struct Result {
   StateDict model;  // the final weights and buffers
   std::vector<EpochRecord> epochs;
-  std::vector<double> step_losses;  // every optimizer step's global-batch mean loss
+  std::vector<double> step_losses;  // every optimizer step's global-batch mean loss (per token: mlm, clm)
   int64_t steps = 0;                // optimizer steps done in all
   int64_t micro_batch = 0;          // the micro-batch used
   bool interrupted = false;         // stopped early by Ctrl-C or stop_after_steps
@@ -134,6 +151,18 @@ void request_stop();
 // zero_init_residual as torchvision's ResNet option (ignored by mlp and cnn).
 std::shared_ptr<nn::Module> make_model(const std::string& arch, int64_t classes, int64_t channels,
                                        int64_t image_size, bool zero_init_residual = false);
+
+// Whether `arch` is one of the transformers (bert-*, gpt2-*), which train on token sequences.
+bool is_text_arch(const std::string& arch);
+// The transformer `arch` for `task` (mlm: BertForMaskedLM, clm: GPT2LMHeadModel, classify:
+// BertForSequenceClassification with `classes` labels) over `vocab_size` tokens and
+// sequences of up to seq_len (the position table grows to it), padding id pad_id.
+std::shared_ptr<nn::Module> make_text_model(const std::string& arch, const std::string& task, int64_t vocab_size,
+                                            int64_t classes, int64_t seq_len, int64_t pad_id = 0);
+// The model on a batch: images [N, C, H, W] (the MLP flattens them), or token ids [N, L]
+// with their mask [N, L] (1: a token, 0: padding; undefined: no padding) for the
+// transformers. Logits [N, classes], or [N, L, vocab] for the language models.
+Tensor call_model(nn::Module& model, const Tensor& input, const Tensor& mask = {});
 
 // Whether the model holds a batch norm layer (which needs 2+ samples per micro-batch).
 bool has_batch_norm(nn::Module& model);
@@ -178,19 +207,30 @@ AmpChoice choose_amp(const Config& config);
 // the global batch's mean loss and the number of correct top-1 predictions. With a scaler,
 // each micro-step's loss is scaled and the gradients are unscaled once, before clipping
 // and the step; a step whose gradients overflowed is skipped.
+//
+// Per-token targets ([N, L], kIgnoreIndex where nothing is predicted: mlm, clm) weigh
+// every predicted token of the global batch alike: the loss is their mean over the whole
+// global batch (over every rank's too), however the tokens fall into micro-batches, and
+// `predicted` counts them; the accuracy is correct / predicted.
 struct StepStats {
   double loss = 0;
   int64_t correct = 0;
   int64_t samples = 0;
+  int64_t predicted = 0;  // the predictions the loss and the accuracy are over: samples, or tokens
 };
+// `mask` is the token batches' padding mask (undefined for images).
 StepStats train_step(nn::Module& model, optim::Optimizer& optimizer, const optim::Accumulation& accumulation,
                      const Tensor& input, const Tensor& target, double label_smoothing,
-                     const Precision& precision = {}, const DataParallelStep* data_parallel = nullptr);
+                     const Precision& precision = {}, const DataParallelStep* data_parallel = nullptr,
+                     const Tensor& mask = {});
 
 // The micro-step as a function kiln::compile can trace: args {input, target, weight (0-d
-// f64)} -> {loss (0-d, the micro-batch's mean), correct (0-d i64)}; it runs backward() on
+// f64)[, mask]} -> {loss (0-d, the micro-batch's mean), correct (0-d i64)}; it runs backward() on
 // loss * weight (times the scaler's scale), accumulating into the parameters' .grad, with
-// the forward under autocast when precision says so. It refers to `model` and the scaler
+// the forward under autocast when precision says so. With per-token targets [N, L] the
+// loss is the sum over the predicted tokens and `weight` the weight of one token (the
+// global batch's 1 / count), so that micro-batches of any mix of tokens add up exactly.
+// It refers to `model` and the scaler
 // (and whole_step_function also to `optimizer`), which must outlive it. train_step runs it
 // eagerly.
 compiler::TracedFunction micro_step_function(nn::Module& model, double label_smoothing,
@@ -207,7 +247,8 @@ compiler::TracedFunction whole_step_function(nn::Module& model, optim::Optimizer
 // same precision).
 StepStats train_step_compiled(compiler::CompiledFunction& compiled, optim::Optimizer& optimizer,
                               const optim::Accumulation& accumulation, const Tensor& input, const Tensor& target,
-                              const Precision& precision = {}, const DataParallelStep* data_parallel = nullptr);
+                              const Precision& precision = {}, const DataParallelStep* data_parallel = nullptr,
+                              const Tensor& mask = {});
 
 // Peak bytes of one forward and backward of `micro_batch` samples shaped `sample_shape`
 // (model state and gradients are restored afterwards), for choose_micro_batch.

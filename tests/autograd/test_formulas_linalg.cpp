@@ -34,6 +34,11 @@ TEST_CASE("matmul gradients for stacks and broadcast batch dims", "[formulas-ten
   check_grad(kMatmul, {random_leaf({2, 3}), random_transposed_leaf({2, 3, 2}, 3)});
   check_grad(kMatmul, {random_leaf({2, 1, 2, 3}), random_leaf({3, 3, 2}, 3)});
   check_grad(kMatmul, {random_transposed_leaf({1, 2, 3}), random_leaf({2, 1, 3, 2}, 3)});
+  // A matrix shared by the whole batch (a Linear on [N, L, in]): its gradient is one
+  // product over the stacked rows; a weight.t() operand keeps its transposed layout.
+  check_grad(kMatmul, {random_leaf({2, 3, 4}), random_transposed_leaf({4, 2}, 3)});
+  check_grad(kMatmul, {random_transposed_leaf({2, 2, 3, 4}), random_leaf({4, 2}, 3)});
+  check_grad(kMatmul, {random_leaf({2, 2, 1, 3}), random_leaf({3, 2}, 3)});
   // Only one operand needs a gradient.
   check_grad(kMatmul, {random_leaf({2, 3}), randn({2, 3, 2}, {.dtype = DType::f64})});
 }

@@ -35,6 +35,14 @@ TEST_CASE("Cosine anneals to eta_min", "[optim]") {
                             {3, 0.01 + 0.09 * (1 + std::cos(pi * 0.3)) / 2}});
 }
 
+TEST_CASE("LinearDecay falls linearly to zero, after a warmup as Hugging Face's linear schedule", "[optim]") {
+  require_lrs(optim::LinearDecay(4), 0.1, {{0, 0.1}, {1, 0.075}, {2, 0.05}, {4, 0.0}, {7, 0.0}});
+  // get_linear_schedule_with_warmup(warmup 2, total 10): t / 2 up to step 2, then (10 - t) / 8.
+  auto warm = optim::chain(2, std::make_shared<optim::LinearDecay>(8));
+  require_lrs(*warm, 1.0, {{0, 0.0}, {1, 0.5}, {2, 1.0}, {3, 7.0 / 8}, {6, 0.5}, {10, 0.0}, {11, 0.0}});
+  REQUIRE_THROWS_AS(optim::LinearDecay(0), Error);
+}
+
 TEST_CASE("StepDecay and MultiStep multiply by gamma", "[optim]") {
   require_lrs(optim::StepDecay(3, 0.5), 1.0, {{0, 1.0}, {2, 1.0}, {3, 0.5}, {5, 0.5}, {6, 0.25}});
   require_lrs(optim::MultiStep({5, 2}, 0.1), 1.0, {{1, 1.0}, {2, 0.1}, {4, 0.1}, {5, 0.01}, {50, 0.01}});

@@ -206,7 +206,7 @@ TEST_CASE("train args: out-of-range values are errors naming the option", "[trai
       {{"--label-smoothing", "nan"}, "--label-smoothing nan"},
       {{"--arch", "resnet9"}, "--arch resnet9"},
       {{"--optimizer", "lamb"}, "--optimizer lamb"},
-      {{"--lr-schedule", "linear"}, "--lr-schedule linear"},
+      {{"--lr-schedule", "poly"}, "--lr-schedule poly"},
       {{"--device", "tpu"}, "--device tpu"},
       {{"--compile=fastest"}, "--compile fastest"},
       {{"--resume"}, "--resume needs --checkpoint DIR"},
