@@ -93,7 +93,7 @@ struct GroupScope {
 TEST_CASE("rank: collectives", "[.rank]") {
   GroupScope group;
   const int rank = dist::get_rank(), world = dist::get_world_size();
-  REQUIRE(world == testing::env_int("WORLD_SIZE"));
+  REQUIRE(world == dist::read_launch_env()->world_size);  // kiln-run's WORLD_SIZE, or mpirun's OMPI_COMM_WORLD_SIZE
   for (int64_t n : {1, 13, 4099}) {
     for (DType dtype : {DType::f32, DType::f64, DType::bf16})
       for (dist::ReduceOp op : {dist::ReduceOp::sum, dist::ReduceOp::avg, dist::ReduceOp::max})
@@ -240,6 +240,12 @@ TEST_CASE("a group of one rank needs no launcher", "[dist]") {
   group.all_gather(out, t).wait();
   CHECK(testing::values(out) == std::vector<double>{1, 2, 3});
   group.barrier().wait();
+}
+
+// srun starts the tasks with SLURM_* variables only; MASTER_PORT comes from the job script
+// (README: --export or export), MASTER_ADDR may be left out on one node.
+TEST_CASE("collectives on 2 ranks placed by Slurm's variables", "[dist]") {
+  testing::require_ranks_pass({.test_case = "rank: collectives", .world_size = 2, .launcher = "slurm"});
 }
 
 TEST_CASE("a process no launcher started is a job of one rank", "[dist]") {
