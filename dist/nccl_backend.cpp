@@ -206,9 +206,12 @@ class NcclWork final : public DeviceWork {
     KILN_CUDA_CHECK(cudaEventCreate(&end_), "NCCL collective: cudaEventCreate");
   }
   ~NcclWork() override {
-    cuda::DeviceGuard guard(comm_->device);
-    cudaEventDestroy(start_);
-    cudaEventDestroy(end_);
+    try {
+      cuda::DeviceGuard guard(comm_->device);
+      cudaEventDestroy(start_);
+      cudaEventDestroy(end_);
+    } catch (const std::exception&) {  // a destructor must not throw; the events leak then
+    }
   }
   cudaEvent_t start() const { return start_; }
   cudaEvent_t end() const { return end_; }
@@ -405,6 +408,7 @@ class NcclBackend final : public DeviceBackend {
  private:
   template <class Call>
   std::shared_ptr<DeviceWork> run(const std::string& what, std::vector<Tensor> keep, Call&& call) {
+    std::lock_guard lock(run_mutex_);  // one enqueue at a time (hooks may call from autograd's threads)
     comm_->throw_if_broken(what);
     cuda::DeviceGuard guard(comm_->device);
     reap();
@@ -450,6 +454,7 @@ class NcclBackend final : public DeviceBackend {
   }
 
   std::shared_ptr<Comm> comm_;
+  std::mutex run_mutex_;
   std::deque<std::shared_ptr<NcclWork>> pending_;
 };
 

@@ -291,11 +291,7 @@ ProcessGroup::ProcessGroup(const ProcessGroupOptions& options) : timeout_(option
       fail("init_process_group: rank {} of {} could not connect its Gloo transport: {}", rank_, size_, e.what());
     }
   }
-  if (choice.name == "nccl") {
-    const int gpus = cuda::device_count();
-    const int device = nccl_device_ >= 0 ? nccl_device_ : local_rank_ % std::max(gpus, 1);
-    device_backend_ = make_nccl_backend(*store_, "nccl", rank_, size_, device, timeout_);
-  }
+  if (choice.name == "nccl") device_backend_ = make_nccl_backend(*store_, "nccl", rank_, size_, nccl_device(), timeout_);
   meet(*store_, "connected", "connect", rank_, size_, timeout_);
   queue_ = std::make_unique<Queue>();
   queue_->thread = std::thread([this] {
@@ -379,6 +375,10 @@ Work ProcessGroup::enqueue(std::string what, std::function<void(Backend&, uint32
 void ProcessGroup::count(int64_t CollectiveCounts::*kind) {
   std::lock_guard lock(queue_->mutex);
   ++(queue_->counts.*kind);
+}
+
+int ProcessGroup::nccl_device() const {
+  return nccl_device_ >= 0 ? nccl_device_ : local_rank_ % std::max(cuda::device_count(), 1);
 }
 
 DeviceBackend& ProcessGroup::device_backend(const char* op, const Tensor& t) {
@@ -517,10 +517,20 @@ Work ProcessGroup::reduce_scatter(const Tensor& out, const Tensor& in, ReduceOp 
 }
 
 Work ProcessGroup::barrier() {
-  if (backend_ == nullptr) {  // nccl alone
-    DeviceBackend& nccl = *device_backend_;
+  if (backend_ == nullptr) {  // NCCL alone ("nccl", or "auto" in a build without Gloo)
+    DeviceBackend* nccl = nullptr;
+    {
+      std::lock_guard lock(device_mutex_);
+      if (device_backend_ == nullptr) {
+        const std::string why = nccl_unavailable_reason();
+        KILN_CHECK(why.empty(), "barrier: backend {} has no CPU transport, and NCCL cannot run here: {}",
+                   backend_name_, why);
+        device_backend_ = make_nccl_backend(*store_, "nccl", rank_, size_, nccl_device(), timeout_);
+      }
+      nccl = device_backend_.get();
+    }
     count(&CollectiveCounts::barrier);
-    return device_work(nccl.barrier());
+    return device_work(nccl->barrier());
   }
   {
     std::lock_guard lock(queue_->mutex);

@@ -123,6 +123,9 @@ class ProcessGroup {
   // The NCCL backend for a collective on `t` (a CUDA tensor), connected at the first call
   // under "auto"; a kiln::Error naming `op` when this group has none for it.
   DeviceBackend& device_backend(const char* op, const Tensor& t);
+  // The CUDA device of NCCL's communicator when no tensor says: .device, else LOCAL_RANK
+  // modulo the visible GPUs.
+  int nccl_device() const;
   // Counts the collective (kind: a member of CollectiveCounts).
   void count(int64_t CollectiveCounts::*kind);
 
