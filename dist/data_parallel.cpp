@@ -19,15 +19,15 @@ ProcessGroup& group_of(const DataParallelOptions& options) {
 }  // namespace
 
 DistributedDataParallel::DistributedDataParallel(nn::Module& module, DataParallelOptions options)
-    : module_(module), group_(group_of(options)) {
+    : module_(module), group_(group_of(options)), views_(options.gradient_as_bucket_view) {
   KILN_CHECK(options.bucket_cap_mb > 0, "DistributedDataParallel: bucket_cap_mb must be positive, got {}",
              options.bucket_cap_mb);
   std::vector<std::pair<std::string, Tensor>> named = module_.named_parameters();
+  if (!named.empty()) device_ = named.front().second.device();
   for (const auto& [name, p] : named) {
-    KILN_CHECK(p.device().is_cpu(),
-               "DistributedDataParallel: parameter {} is {} on {}; the gloo backend syncs CPU tensors (CUDA needs "
-               "the nccl backend, not built yet)",
-               name, p.meta_str(), p.device());
+    KILN_CHECK(p.device() == device_,
+               "DistributedDataParallel: parameter {} is {} on {}, but {} is on {}; a replica lives on one device",
+               name, p.meta_str(), p.device(), named.front().first, device_);
     KILN_CHECK(is_floating(p.dtype()), "DistributedDataParallel: parameter {} is {}, not floating", name,
                p.meta_str());
   }
@@ -88,7 +88,30 @@ void DistributedDataParallel::assign_buckets(const std::vector<size_t>& order) {
     buckets_.back().slots.push_back(i);
   }
   for (size_t b = 0; b < buckets_.size(); ++b)
-    buckets_[b].flat = zeros({bucket_elements[b]}, {.dtype = slots_[buckets_[b].slots.front()].param.dtype()});
+    buckets_[b].flat =
+        zeros({bucket_elements[b]}, {.dtype = slots_[buckets_[b].slots.front()].param.dtype(), .device = device_});
+  if (!views_) return;
+  // Gradients as views: a gradient that exists moves into its place in the new bucket.
+  NoGradGuard no_grad;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    const Tensor grad = slots_[i].param.grad();
+    if (!grad.defined()) continue;
+    Tensor place = bucket_view(i);
+    place.copy_(grad);
+    slots_[i].param.set_grad(place);
+  }
+}
+
+Tensor DistributedDataParallel::bucket_view(size_t i) const {
+  const Slot& slot = slots_[i];
+  return buckets_[slot.bucket].flat.narrow(0, slot.offset, slot.param.numel()).view(slot.param.shape());
+}
+
+bool DistributedDataParallel::is_bucket_view(size_t i, const Tensor& grad) const {
+  const Slot& slot = slots_[i];
+  const Tensor& flat = buckets_[slot.bucket].flat;
+  return grad.defined() && grad.is_contiguous() && grad.shape() == slot.param.shape() &&
+         grad.data_ptr() == static_cast<const char*>(flat.data_ptr()) + slot.offset * flat.itemsize();
 }
 
 // After the first synchronized step: buckets in the order the gradients really became
@@ -106,7 +129,13 @@ void DistributedDataParallel::rebuild_buckets() {
       if (!seen[i]) order.push_back(static_cast<int64_t>(i));
   ready_order_.clear();
   Tensor shared = from_vector<int64_t>(order, {static_cast<int64_t>(order.size())});
-  group_.broadcast(shared, 0).wait();
+  if (!device_.is_cpu()) {
+    Tensor on_device = shared.to(device_);  // the group's transport for the parameters' device
+    group_.broadcast(on_device, 0).wait();
+    shared = on_device.to(Device::cpu());
+  } else {
+    group_.broadcast(shared, 0).wait();
+  }
   const int64_t* p = shared.data_ptr<int64_t>();
   std::vector<size_t> agreed(p, p + order.size());
   assign_buckets(agreed);
@@ -158,10 +187,17 @@ void DistributedDataParallel::copy_in(size_t i) {
   Slot& slot = slots_[i];
   Bucket& bucket = buckets_[slot.bucket];
   NoGradGuard no_grad;
-  Tensor place = bucket.flat.narrow(0, slot.offset, slot.param.numel());
+  Tensor place = bucket_view(i);
   const Tensor grad = slot.param.grad();
-  if (grad.defined()) place.copy_(grad.reshape({-1}));
-  else place.zero_();  // no gradient on this rank: it adds nothing to the sum
+  if (!grad.defined()) {
+    place.zero_();  // no gradient on this rank: it adds nothing to the sum
+  } else if (!views_ || !is_bucket_view(i, grad)) {
+    place.copy_(grad);
+    ++stats_.gradients_copied_in;
+  }
+  // Gradients as views: from now on backward accumulates into the bucket itself (until
+  // zero_grad sets the gradient to none, or something replaces it).
+  if (views_ && !is_bucket_view(i, grad)) slot.param.set_grad(place);
   slot.ready = true;
   ++bucket.ready;
 }
@@ -197,11 +233,14 @@ void DistributedDataParallel::complete_round() {
   round_open_ = false;
   if (!error.empty()) fail("DistributedDataParallel: syncing the gradients failed: {}", error);
   NoGradGuard no_grad;
-  for (Slot& slot : slots_) {
-    const Tensor average = buckets_[slot.bucket].flat.narrow(0, slot.offset, slot.param.numel()).view(slot.param.shape());
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    Slot& slot = slots_[i];
     const Tensor grad = slot.param.grad();
+    if (views_ && is_bucket_view(i, grad)) continue;  // the all-reduce wrote it in place
+    const Tensor average = bucket_view(i);
     if (grad.defined()) grad.detach().copy_(average);
     else slot.param.set_grad(average.clone());
+    ++stats_.gradients_copied_out;
   }
   if (!rebuilt_) rebuild_buckets();
 }
@@ -230,9 +269,9 @@ std::vector<std::vector<std::string>> DistributedDataParallel::bucket_names() co
 }
 
 int64_t DistributedDataParallel::global_samples(int64_t local_samples) {
-  Tensor count = full({1}, local_samples, {.dtype = DType::i64});
+  Tensor count = full({1}, local_samples, {.dtype = DType::i64, .device = device_});
   group_.all_reduce(count).wait();
-  return count.item<int64_t>();
+  return count.to(Device::cpu()).item<int64_t>();
 }
 
 }  // namespace kiln::dist

@@ -36,7 +36,18 @@
 // plus two copies of the gradients per step). attach() makes Accumulation's last
 // micro-step call it.
 //
-// Not (yet): gradients as views into the buckets, CUDA tensors (the NCCL backend).
+// Devices: the replica's parameters all on the CPU (a gloo or auto group) or all on one
+// CUDA device (nccl or auto; NCCL all-reduces the buckets on the group's stream, after the
+// kiln stream's copies into them).
+//
+// Gradients as views (gradient_as_bucket_view, as PyTorch's): each parameter's .grad is a
+// view into its bucket, so backward accumulates straight into the bucket and the
+// all-reduce averages the gradients in place: no copy in, no copy out. A gradient that is
+// not such a view when its hook runs (the first backward, or every step after
+// zero_grad(set_to_none = true), which drops the views: backward then makes a fresh .grad)
+// is copied into the bucket once and .grad re-pointed at its view; with
+// zero_grad(set_to_none = false) the views stay and a step copies nothing. Values are the
+// copying path's, bit for bit. Keep no reference to an old .grad across steps.
 // Batch norm over every rank's batch: dist/sync_batch_norm.h. Frozen parameters
 // (requires_grad false) take no part.
 #include <cstdint>
@@ -57,12 +68,15 @@ struct SyncStats {
   int64_t steps = 0;         // synchronized steps
   double all_reduce_s = 0;   // the buckets' all-reduces, as long as each ran on the group's worker
   double exposed_s = 0;      // time the training thread waited for them: what did not overlap
+  int64_t gradients_copied_in = 0;   // gradients copied into a bucket (none with views kept)
+  int64_t gradients_copied_out = 0;  // averages copied back into .grad (none with views)
 };
 
 struct DataParallelOptions {
   double bucket_cap_mb = 25;      // a bucket's gradients take at most this many MiB (one parameter may exceed it)
   bool broadcast_buffers = true;  // copy rank 0's buffers (running statistics) at construction too
   ProcessGroup* group = nullptr;  // the default group when null
+  bool gradient_as_bucket_view = false;  // .grad tensors are views into the buckets (no copies)
 };
 
 class DistributedDataParallel {
@@ -129,6 +143,8 @@ class DistributedDataParallel {
   };
 
   void assign_buckets(const std::vector<size_t>& order);
+  Tensor bucket_view(size_t slot) const;  // the slot's place in its bucket, shaped as the parameter
+  bool is_bucket_view(size_t slot, const Tensor& grad) const;
   void rebuild_buckets();
   void on_gradient(size_t slot);
   void copy_in(size_t slot);
@@ -137,6 +153,8 @@ class DistributedDataParallel {
 
   nn::Module& module_;
   ProcessGroup& group_;
+  bool views_ = false;  // gradient_as_bucket_view
+  Device device_ = Device::cpu();  // the parameters'
   std::vector<Slot> slots_;
   std::vector<Bucket> buckets_;
   double cap_bytes_ = 0;

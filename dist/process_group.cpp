@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/cuda.h"
 #include "core/error.h"
 #include "core/half.h"
 #include "dist/launch_env.h"
@@ -26,10 +27,12 @@ struct Work::State {
   bool done = false;
   std::string error;  // empty: succeeded
   double seconds = 0;  // how long it ran on the worker
+  std::shared_ptr<DeviceWork> device;  // a collective on CUDA tensors (the rest is unused then)
 };
 
 void Work::wait() const {
   KILN_CHECK(state_ != nullptr, "Work::wait: this Work belongs to no collective");
+  if (state_->device) return state_->device->wait();
   std::unique_lock lock(state_->mutex);
   state_->done_cv.wait(lock, [this] { return state_->done; });
   if (!state_->error.empty()) throw Error(state_->error);
@@ -37,12 +40,14 @@ void Work::wait() const {
 
 double Work::seconds() const {
   if (state_ == nullptr) return 0;
+  if (state_->device) return state_->device->seconds();
   std::lock_guard lock(state_->mutex);
   return state_->seconds;
 }
 
 bool Work::is_completed() const {
   if (state_ == nullptr) return false;
+  if (state_->device) return state_->device->query();
   std::lock_guard lock(state_->mutex);
   return state_->done;
 }
@@ -71,6 +76,7 @@ std::string seconds(std::chrono::milliseconds ms) { return fmt::format("{:g} s",
 struct Resolved {
   int rank = 0;
   int size = 1;
+  int local_rank = 0;
   std::string addr;
   int port = 0;
 };
@@ -84,6 +90,7 @@ Resolved resolve(const ProcessGroupOptions& options) {
   } else if (env.has_value()) {
     r.rank = options.rank >= 0 ? options.rank : env->rank;
     r.size = options.world_size > 0 ? options.world_size : env->world_size;
+    r.local_rank = env->local_rank;
   } else {
     // No launcher: the program runs alone, a job of one rank (so the same program runs
     // with and without kiln-run, mpirun or srun).
@@ -109,21 +116,38 @@ Resolved resolve(const ProcessGroupOptions& options) {
   return r;
 }
 
-std::string choose_backend(const std::string& asked) {
 #ifdef KILN_HAVE_GLOO
-  constexpr bool have_gloo = true;
+constexpr bool kHaveGloo = true;
 #else
-  constexpr bool have_gloo = false;
+constexpr bool kHaveGloo = false;
 #endif
-  if (asked == "nccl")
-    fail("init_process_group: backend nccl is not built yet (kiln's NCCL process group is still to come); "
-         "use backend gloo, with the model and its gradients on the CPU");
+#ifdef KILN_HAVE_NCCL
+constexpr bool kHaveNccl = true;
+#else
+constexpr bool kHaveNccl = false;
+#endif
+
+struct BackendChoice {
+  std::string name;
+  bool cpu = false;   // Gloo for CPU tensors
+  bool cuda = false;  // NCCL for CUDA tensors
+};
+
+BackendChoice choose_backend(const std::string& asked) {
+  if (asked == "nccl") {
+    const std::string why = nccl_unavailable_reason();
+    KILN_CHECK(why.empty(), "init_process_group: backend nccl cannot run here: {} (backend gloo runs on CPU tensors)",
+               why);
+    return {"nccl", false, true};
+  }
   if (asked == "gloo" || asked == "auto") {
-    KILN_CHECK(have_gloo,
+    KILN_CHECK(kHaveGloo || (asked == "auto" && kHaveNccl),
                "init_process_group: backend {}: this kiln was built without Gloo (apt-get install libgloo-dev, "
                "then configure with -DKILN_GLOO=ON)",
                asked);
-    return "gloo";
+    if (asked == "gloo") return {"gloo", true, false};
+    const bool nccl_runs = kHaveNccl && nccl_unavailable_reason().empty();
+    return {!kHaveGloo ? "nccl" : nccl_runs ? "gloo+nccl" : "gloo", kHaveGloo, kHaveNccl};
   }
   fail("init_process_group: unknown backend '{}': expected gloo, nccl or auto", asked);
 }
@@ -213,10 +237,6 @@ const char* op_name(ReduceOp op) {
 // The checks every collective makes of a tensor it reads or writes.
 void check_tensor(const char* op, const char* role, const Tensor& t, bool reduces, ReduceOp reduce_op) {
   KILN_CHECK(t.defined(), "{}: the {} tensor is undefined", op, role);
-  KILN_CHECK(t.device().is_cpu(),
-             "{}: {} is {} on {}; the gloo backend runs on CPU tensors (move it with .to(Device::cpu()); "
-             "CUDA tensors need the nccl backend, which is not built yet)",
-             op, role, t.meta_str(), t.device());
   KILN_CHECK(t.is_contiguous(),
              "{}: {} {} (strides [{}]) is not contiguous; pass a contiguous tensor (t.contiguous(), then copy "
              "the result back)",
@@ -251,20 +271,27 @@ ProcessGroup::ProcessGroup(const ProcessGroupOptions& options) : timeout_(option
   ignore_sigpipe();
   KILN_CHECK(options.timeout.count() > 0, "init_process_group: the timeout must be positive, got {} ms",
              options.timeout.count());
-  backend_name_ = choose_backend(options.backend);
+  const BackendChoice choice = choose_backend(options.backend);
+  backend_name_ = choice.name;
+  cuda_enabled_ = choice.cuda;
+  nccl_device_ = options.device;
   const Resolved where = resolve(options);
   rank_ = where.rank;
   size_ = where.size;
+  local_rank_ = where.local_rank;
   store_ = std::make_unique<TcpStore>(TcpStoreOptions{
       .host = where.addr, .port = where.port, .is_server = rank_ == 0, .timeout = timeout_});
   meet(*store_, "arrived", "arrive", rank_, size_, timeout_);
-  try {
-    backend_ = make_gloo_backend(*store_, "gloo", rank_, size_, timeout_);
-  } catch (const Error&) {
-    throw;
-  } catch (const std::exception& e) {
-    fail("init_process_group: rank {} of {} could not connect its Gloo transport: {}", rank_, size_, e.what());
+  if (choice.cpu) {
+    try {
+      backend_ = make_gloo_backend(*store_, "gloo", rank_, size_, timeout_);
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      fail("init_process_group: rank {} of {} could not connect its Gloo transport: {}", rank_, size_, e.what());
+    }
   }
+  if (choice.name == "nccl") device_backend_ = make_nccl_backend(*store_, "nccl", rank_, size_, nccl_device(), timeout_);
   meet(*store_, "connected", "connect", rank_, size_, timeout_);
   queue_ = std::make_unique<Queue>();
   queue_->thread = std::thread([this] {
@@ -326,11 +353,16 @@ ProcessGroup::~ProcessGroup() {
     queue_->wake.notify_all();
     queue_->thread.join();
   }
+  device_backend_.reset();
   backend_.reset();
   store_.reset();
 }
 
 Work ProcessGroup::enqueue(std::string what, std::function<void(Backend&, uint32_t)> run) {
+  KILN_CHECK(backend_ != nullptr,
+             "{}: a CPU tensor, but backend {} runs on CUDA tensors (move it with .to(Device::cuda()), or use "
+             "backend gloo or auto for CPU tensors)",
+             what, backend_name_);
   auto state = std::make_shared<Work::State>();
   {
     std::lock_guard lock(queue_->mutex);
@@ -340,6 +372,48 @@ Work ProcessGroup::enqueue(std::string what, std::function<void(Backend&, uint32
   return Work(state);
 }
 
+void ProcessGroup::count(int64_t CollectiveCounts::*kind) {
+  std::lock_guard lock(queue_->mutex);
+  ++(queue_->counts.*kind);
+}
+
+int ProcessGroup::nccl_device() const {
+  return nccl_device_ >= 0 ? nccl_device_ : local_rank_ % std::max(cuda::device_count(), 1);
+}
+
+DeviceBackend& ProcessGroup::device_backend(const char* op, const Tensor& t) {
+  KILN_CHECK(cuda_enabled_,
+             "{}: {} is on {}; backend {} runs on CPU tensors (move it with .to(Device::cpu()), or use backend "
+             "nccl or auto for CUDA tensors{})",
+             op, t.meta_str(), t.device(), backend_name_, kHaveNccl ? "" : ", in a kiln built with NCCL");
+  std::lock_guard lock(device_mutex_);
+  if (device_backend_ == nullptr) {
+    // "auto": every rank gets here at the same collective, the first on a CUDA tensor.
+    const std::string why = nccl_unavailable_reason();
+    KILN_CHECK(why.empty(), "{}: {} is on {}, but NCCL cannot run here: {}", op, t.meta_str(), t.device(), why);
+    device_backend_ = make_nccl_backend(*store_, "nccl", rank_, size_, t.device().index, timeout_);
+  }
+  KILN_CHECK(t.device().index == device_backend_->device(),
+             "{}: {} is on {}, but this rank's NCCL communicator is on cuda:{} (one device per rank)", op, t.meta_str(),
+             t.device(), device_backend_->device());
+  return *device_backend_;
+}
+
+namespace {
+Work device_work(std::shared_ptr<DeviceWork> work) {
+  auto state = std::make_shared<Work::State>();
+  state->device = std::move(work);
+  return Work(state);
+}
+
+// Every tensor of one collective on one device type; true for CUDA.
+bool on_cuda(const char* op, const Tensor& a, const Tensor& b) {
+  KILN_CHECK(a.device() == b.device(), "{}: input {} is on {} and output {} on {}; both must be on one device", op,
+             a.meta_str(), a.device(), b.meta_str(), b.device());
+  return a.device().is_cuda();
+}
+}  // namespace
+
 CollectiveCounts ProcessGroup::counts() const {
   std::lock_guard lock(queue_->mutex);
   return queue_->counts;
@@ -347,6 +421,11 @@ CollectiveCounts ProcessGroup::counts() const {
 
 Work ProcessGroup::all_reduce(const Tensor& t, ReduceOp op) {
   check_tensor("all_reduce", "the", t, true, op);
+  if (t.device().is_cuda()) {
+    DeviceBackend& nccl = device_backend("all_reduce", t);
+    count(&CollectiveCounts::all_reduce);
+    return device_work(nccl.all_reduce(t, op));
+  }
   void* data = t.data_ptr();
   const size_t count = static_cast<size_t>(t.numel());
   const DType dtype = t.dtype();
@@ -363,6 +442,11 @@ Work ProcessGroup::all_reduce(const Tensor& t, ReduceOp op) {
 Work ProcessGroup::broadcast(const Tensor& t, int root) {
   check_tensor("broadcast", "the", t, false, ReduceOp::sum);
   KILN_CHECK(root >= 0 && root < size_, "broadcast: root {} is not a rank of this group of {}", root, size_);
+  if (t.device().is_cuda()) {
+    DeviceBackend& nccl = device_backend("broadcast", t);
+    count(&CollectiveCounts::broadcast);
+    return device_work(nccl.broadcast(t, root));
+  }
   void* data = t.data_ptr();
   const size_t bytes = static_cast<size_t>(t.numel()) * t.itemsize();
   {
@@ -382,6 +466,11 @@ Work ProcessGroup::all_gather(const Tensor& out, const Tensor& in) {
                  out.size(0) == in.size(0) * size_ && out.numel() == in.numel() * size_,
              "all_gather: output {} must be input {} with dim 0 times the group's {} ranks, same dtype", out.meta_str(),
              in.meta_str(), size_);
+  if (on_cuda("all_gather", in, out)) {
+    DeviceBackend& nccl = device_backend("all_gather", in);
+    count(&CollectiveCounts::all_gather);
+    return device_work(nccl.all_gather(out, in));
+  }
   const void* src = in.data_ptr();
   void* dst = out.data_ptr();
   const size_t bytes = static_cast<size_t>(in.numel()) * in.itemsize();
@@ -402,6 +491,11 @@ Work ProcessGroup::reduce_scatter(const Tensor& out, const Tensor& in, ReduceOp 
                  in.size(0) == out.size(0) * size_ && in.numel() == out.numel() * size_,
              "reduce_scatter: input {} must be output {} with dim 0 times the group's {} ranks, same dtype",
              in.meta_str(), out.meta_str(), size_);
+  if (on_cuda("reduce_scatter", in, out)) {
+    DeviceBackend& nccl = device_backend("reduce_scatter", in);
+    count(&CollectiveCounts::reduce_scatter);
+    return device_work(nccl.reduce_scatter(out, in, op));
+  }
   const char* src = static_cast<const char*>(in.data_ptr());
   void* dst = out.data_ptr();
   const size_t count = static_cast<size_t>(in.numel());
@@ -423,12 +517,38 @@ Work ProcessGroup::reduce_scatter(const Tensor& out, const Tensor& in, ReduceOp 
 }
 
 Work ProcessGroup::barrier() {
+  if (backend_ == nullptr) {  // NCCL alone ("nccl", or "auto" in a build without Gloo)
+    DeviceBackend* nccl = nullptr;
+    {
+      std::lock_guard lock(device_mutex_);
+      if (device_backend_ == nullptr) {
+        const std::string why = nccl_unavailable_reason();
+        KILN_CHECK(why.empty(), "barrier: backend {} has no CPU transport, and NCCL cannot run here: {}",
+                   backend_name_, why);
+        device_backend_ = make_nccl_backend(*store_, "nccl", rank_, size_, nccl_device(), timeout_);
+      }
+      nccl = device_backend_.get();
+    }
+    count(&CollectiveCounts::barrier);
+    return device_work(nccl->barrier());
+  }
   {
     std::lock_guard lock(queue_->mutex);
     ++queue_->counts.barrier;
   }
   return enqueue("barrier", [](Backend& b, uint32_t tag) { b.barrier(tag); });
 }
+
+#ifndef KILN_HAVE_NCCL
+std::string nccl_unavailable_reason() {
+  return "this kiln was built without NCCL (configure it with a CUDA toolkit that has nccl.h, or NCCL_ROOT)";
+}
+std::string nccl_version() { return {}; }
+std::unique_ptr<DeviceBackend> make_nccl_backend(TcpStore&, const std::string&, int, int, int,
+                                                 std::chrono::milliseconds) {
+  fail("init_process_group: backend nccl cannot run here: {}", nccl_unavailable_reason());
+}
+#endif
 
 #ifndef KILN_HAVE_GLOO
 std::unique_ptr<Backend> make_gloo_backend(TcpStore&, const std::string&, int, int, std::chrono::milliseconds) {

@@ -11,12 +11,24 @@
 // one after another in the order they were called, which must be the same on every rank.
 // The tensors given must stay untouched until wait() returns; the Work keeps them alive.
 //
-// Backends: "gloo" (CPU tensors; Debian's libgloo-dev), "nccl" (CUDA tensors; not built
-// yet: an error says so), "auto" (NCCL where built and CUDA is in use, else Gloo).
-// Tensors: CPU, contiguous (a strided view is an error naming it), f32, f64, bf16, f16,
-// i32, i64 (bf16 and f16 are reduced in f32 and rounded once; avg needs a floating dtype).
+// Backends: "gloo" (CPU tensors; Debian's libgloo-dev), "nccl" (CUDA tensors; the CUDA
+// toolkit's NCCL, connected at init_process_group on cuda:LOCAL_RANK modulo the visible
+// GPUs unless .device says), "auto" (Gloo for CPU tensors, NCCL for CUDA tensors, its
+// communicator connected at the first collective on a CUDA tensor, on that tensor's device;
+// every rank must make that call, as every collective). A backend that cannot run here
+// (not built, no GPU, libnccl.so.2 missing) is a kiln::Error saying why.
+// Tensors: contiguous (a strided view is an error naming it), f32, f64, bf16, f16, i32,
+// i64 (avg needs a floating dtype). On Gloo, bf16 and f16 are reduced in f32 and rounded
+// once; NCCL reduces them natively (rounding at each of its steps).
 //
-// Failure: every wait is bounded by the group's timeout. A rank that never arrives makes
+// CUDA tensors: the collective is queued on the group's own stream, after the work already
+// queued on the device's current stream (an event orders them), and returns at once; wait()
+// blocks the host until the device ran it (polling, bounded by the timeout) and orders the
+// current stream after it. The group keeps the tensors alive until the device ran it.
+//
+// Failure: every wait is bounded by the group's timeout (on NCCL: past it, or when NCCL
+// reports an error, the communicator is aborted with ncclCommAbort, which also ends kernels
+// waiting for a dead peer, and the wait throws). A rank that never arrives makes
 // init_process_group fail on the others naming the missing ranks; a rank that dies or stops
 // mid-job makes the next collective fail with a kiln::Error naming the collective, this
 // rank and, where the transport says, the peer. After a failure the group is broken: later
@@ -24,7 +36,9 @@
 // (unless it installed a handler): Gloo's writes to a dead peer would raise it.
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "core/tensor.h"
@@ -58,6 +72,9 @@ struct ProcessGroupOptions {
   int world_size = -1;
   std::string master_addr = {};
   int master_port = -1;
+  // nccl: the CUDA device of this rank's communicator; -1: the launcher's LOCAL_RANK modulo
+  // the GPUs visible (one GPU per rank on each node, as torchrun's convention).
+  int device = -1;
 };
 
 // How many collectives of each kind this group has run (issued, successful or not).
@@ -80,6 +97,7 @@ class ProcessGroup {
 
   int rank() const { return rank_; }
   int size() const { return size_; }
+  // "gloo", "nccl", or for "auto" what serves it: "gloo", "gloo+nccl" (where NCCL can run).
   const std::string& backend() const { return backend_name_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
   TcpStore& store() { return *store_; }
@@ -102,13 +120,26 @@ class ProcessGroup {
 
  private:
   Work enqueue(std::string what, std::function<void(Backend&, uint32_t tag)> run);
+  // The NCCL backend for a collective on `t` (a CUDA tensor), connected at the first call
+  // under "auto"; a kiln::Error naming `op` when this group has none for it.
+  DeviceBackend& device_backend(const char* op, const Tensor& t);
+  // The CUDA device of NCCL's communicator when no tensor says: .device, else LOCAL_RANK
+  // modulo the visible GPUs.
+  int nccl_device() const;
+  // Counts the collective (kind: a member of CollectiveCounts).
+  void count(int64_t CollectiveCounts::*kind);
 
   int rank_ = 0;
   int size_ = 1;
   std::string backend_name_;
   std::chrono::milliseconds timeout_;
   std::unique_ptr<TcpStore> store_;
-  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Backend> backend_;          // Gloo, for CPU tensors (null: none)
+  std::unique_ptr<DeviceBackend> device_backend_;  // NCCL, for CUDA tensors (null: none yet)
+  bool cuda_enabled_ = false;  // "nccl", or "auto" in a build with NCCL
+  int local_rank_ = 0;
+  int nccl_device_ = -1;
+  std::mutex device_mutex_;
   std::unique_ptr<Queue> queue_;
 };
 

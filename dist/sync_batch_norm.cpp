@@ -65,7 +65,8 @@ class GroupStatistics final : public nn::BatchStatistics {
     KILN_CHECK(x.dim() >= 2 && x.numel() > 0,
                "SyncBatchNorm: expected a non-empty [N, C, ...] input, got {}", x.meta_str());
     KILN_CHECK(x.device().is_cpu(),
-               "SyncBatchNorm: {}: only CPU tensors for now (the NCCL backend is not built yet)",
+               "SyncBatchNorm: {}: only CPU tensors for now (its all-reduces through NCCL on CUDA tensors are "
+               "not tested yet)",
                x.meta_str());
     const int64_t channels = x.size(1);
     Shape per_channel(static_cast<size_t>(x.dim()), 1);

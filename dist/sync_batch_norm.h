@@ -23,7 +23,8 @@
 // batch_norm kernels.
 //
 // Not (yet): under kiln::compile (the all-reduces would not be part of the compiled
-// program; the layer raises a kiln::Error while traced), CUDA tensors (no NCCL backend).
+// program; the layer raises a kiln::Error while traced), CUDA tensors (NCCL would carry its
+// all-reduces, but that is not tested yet: the layer refuses them).
 #include <memory>
 #include <string>
 

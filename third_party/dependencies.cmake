@@ -104,3 +104,23 @@ if(KILN_HAVE_CUDA)
     message(STATUS "kiln: cuDNN not found (set CUDNN_ROOT): conv2d, batch_norm and pooling have no CUDA kernels")
   endif()
 endif()
+
+# NCCL (optional, with the toolkit; the CUDA 13 toolkit ships nccl.h and libnccl.so.2) runs
+# the collectives of process groups on CUDA tensors (dist/nccl_backend.cpp). Only its header
+# is needed to build: libnccl.so.2 is loaded at the first NCCL group (dlopen), so libkiln
+# loads where NCCL is not installed, and backend "nccl" says what is missing there.
+set(KILN_HAVE_NCCL OFF)
+if(KILN_HAVE_CUDA AND NOT KILN_NCCL STREQUAL "OFF")
+  find_path(KILN_NCCL_INCLUDE_DIR nccl.h
+    HINTS ${NCCL_ROOT} $ENV{NCCL_ROOT} ${CUDAToolkit_INCLUDE_DIRS} ${CUDAToolkit_LIBRARY_ROOT} PATH_SUFFIXES include)
+  find_library(KILN_NCCL_LIBRARY NAMES nccl libnccl.so.2
+    HINTS ${NCCL_ROOT} $ENV{NCCL_ROOT} ${CUDAToolkit_LIBRARY_DIR} ${CUDAToolkit_LIBRARY_ROOT} PATH_SUFFIXES lib lib64)
+  if(KILN_NCCL_INCLUDE_DIR)
+    set(KILN_HAVE_NCCL ON)
+    message(STATUS "kiln: NCCL found (${KILN_NCCL_INCLUDE_DIR}/nccl.h): process groups on CUDA tensors")
+  elseif(KILN_NCCL STREQUAL "ON")
+    message(FATAL_ERROR "kiln: KILN_NCCL=ON but nccl.h was not found (set NCCL_ROOT)")
+  else()
+    message(STATUS "kiln: NCCL not found (set NCCL_ROOT): process groups on CPU tensors only")
+  endif()
+endif()

@@ -627,7 +627,7 @@ int main(int argc, char** argv) {
                  "         training on the same synthetic global batch: median step, img/s and, for the ranks,\n"
                  "         the all-reduce ms per step and the share of it that overlapped backward; one JSON\n"
                  "         line each: --ranks 2 --arch resnet18 --batch 64 --image-size 32 --classes 10\n"
-                 "         --steps 5 --warmup 2\n"
+                 "         --steps 5 --warmup 2 [--compile: forward and backward compiled] [--views]\n"
                  "  attention  scaled_dot_product_attention's forward and backward against the math path\n"
                  "         (causal, f32, one batch of --heads 2 heads of --dim 64) for N = L = S doubling from\n"
                  "         --min-n 512 to --max-n 4096: ms and the extra peak memory of each, one JSON line\n"

@@ -2,7 +2,10 @@
 // ranks with one thread each (Gloo over loopback), training a zoo model on the same
 // synthetic global batch: img/s, and for the ranks the all-reduce time per step and how
 // much of it overlapped backward. The two runs are child processes of this one (each its
-// own `kiln-bench ddp --as-rank`), one after the other.
+// own `kiln-bench ddp --as-rank`), one after the other. --compile runs forward and backward
+// compiled (kiln::compile; DDP then syncs after the compiled micro-step, nothing overlaps);
+// --views makes the gradients views into DDP's buckets (gradient_as_bucket_view) and keeps
+// them (zero_grad(set_to_none = false)).
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <spawn.h>
@@ -40,15 +43,17 @@ struct DdpOptions {
   int64_t steps = 5;
   int64_t warmup = 2;
   int64_t ranks = 2;
-  bool as_rank = false;  // measure in this process (what the driver starts)
+  bool compiled = false;  // forward and backward through kiln::compile
+  bool views = false;     // gradient_as_bucket_view
+  bool as_rank = false;   // measure in this process (what the driver starts)
 };
 
 DdpOptions parse(int argc, char** argv) {
   DdpOptions o;
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--as-rank") {
-      o.as_rank = true;
+    if (a == "--as-rank" || a == "--compile" || a == "--views") {
+      (a == "--as-rank" ? o.as_rank : a == "--compile" ? o.compiled : o.views) = true;
       continue;
     }
     KILN_CHECK(i + 1 < argc, "kiln-bench ddp: {} needs a value", a);
@@ -80,20 +85,30 @@ int measure(const DdpOptions& o) {
   std::shared_ptr<nn::Module> model = train::make_model(o.arch, o.classes, 3, o.image_size);
   model->train();
   std::unique_ptr<dist::DistributedDataParallel> ddp;
-  if (world > 1) ddp = std::make_unique<dist::DistributedDataParallel>(*model);
+  if (world > 1)
+    ddp = std::make_unique<dist::DistributedDataParallel>(*model,
+                                                          dist::DataParallelOptions{.gradient_as_bucket_view = o.views});
   optim::SGD opt(model->parameters(), {.lr = 0.01, .momentum = 0.9});
   Tensor x = randn({o.batch, 3, o.image_size, o.image_size});
   Tensor y = randint(0, o.classes, {o.batch});
   const auto [first, last] = data::shard_range(o.batch, rank, world);
   const Tensor xr = x.narrow(0, first, last - first).contiguous(), yr = y.narrow(0, first, last - first).contiguous();
   const double weight = static_cast<double>(world * (last - first)) / static_cast<double>(o.batch);
+  const Tensor weight_t = full({}, weight);
+  compiler::CompiledFunction compiled;
+  if (o.compiled) compiled = compiler::compile(train::micro_step_function(*model, 0.0));
   std::vector<double> step_s;
   for (int64_t s = 0; s < o.warmup + o.steps; ++s) {
     if (s == o.warmup && ddp) ddp->reset_sync_stats();
     if (world > 1) dist::barrier().wait();  // every rank starts the step together
     const auto start = std::chrono::steady_clock::now();
-    opt.zero_grad();
-    (nn::functional::cross_entropy((*model)(xr), yr) * weight).backward();
+    opt.zero_grad(/*set_to_none=*/!o.views);  // zeroing in place keeps the views
+    if (o.compiled) {
+      compiled({xr, yr, weight_t});
+      if (ddp) ddp->finish_sync();  // the replayed program ran no gradient hooks: the whole sync now
+    } else {
+      (nn::functional::cross_entropy((*model)(xr), yr) * weight).backward();
+    }
     opt.step();
     if (s >= o.warmup) step_s.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
@@ -104,14 +119,18 @@ int measure(const DdpOptions& o) {
       const dist::SyncStats st = ddp->sync_stats();
       const double per_step = st.all_reduce_s / static_cast<double>(st.steps) * 1e3;
       const double exposed = st.exposed_s / static_cast<double>(st.steps) * 1e3;
-      sync = fmt::format(R"(,"buckets":{},"all_reduce_ms_per_step":{:.2f},"exposed_wait_ms_per_step":{:.2f},"overlapped":{:.3f})",
-                         ddp->bucket_count(), per_step, exposed, per_step > 0 ? std::max(0.0, 1 - exposed / per_step) : 0.0);
+      const double steps = static_cast<double>(st.steps);
+      sync = fmt::format(
+          R"(,"buckets":{},"grads_copied_in_per_step":{:g},"grads_copied_out_per_step":{:g},"all_reduce_ms_per_step":{:.2f},"exposed_wait_ms_per_step":{:.2f},"overlapped":{:.3f})",
+          ddp->bucket_count(), static_cast<double>(st.gradients_copied_in) / steps,
+          static_cast<double>(st.gradients_copied_out) / steps, per_step, exposed,
+          per_step > 0 ? std::max(0.0, 1 - exposed / per_step) : 0.0);
     }
     const char* threads = std::getenv("OMP_NUM_THREADS");
     std::cout << fmt::format(
-                     R"({{"bench":"ddp","mode":"{}","ranks":{},"threads_per_rank":{},"arch":"{}","batch":{},"image_size":{},"median_step_ms":{:.2f},"img_per_s":{:.1f}{}}})",
+                     R"({{"bench":"ddp","mode":"{}","ranks":{},"threads_per_rank":{},"arch":"{}","batch":{},"image_size":{},"compiled":{},"views":{},"median_step_ms":{:.2f},"img_per_s":{:.1f}{}}})",
                      world > 1 ? "ranks" : "one-process", world, threads ? threads : "default", o.arch, o.batch,
-                     o.image_size, median * 1e3, static_cast<double>(o.batch) / median, sync)
+                     o.image_size, o.compiled, o.views, median * 1e3, static_cast<double>(o.batch) / median, sync)
               << std::endl;
   }
   dist::destroy_process_group();
@@ -131,6 +150,8 @@ std::string run_children(char** argv, const DdpOptions& o, int64_t count, int64_
   std::vector<std::string> args{argv[0], "ddp", "--as-rank", "--arch", o.arch, "--batch", std::to_string(o.batch),
                                 "--image-size", std::to_string(o.image_size), "--classes", std::to_string(o.classes),
                                 "--steps", std::to_string(o.steps), "--warmup", std::to_string(o.warmup)};
+  if (o.compiled) args.push_back("--compile");
+  if (o.views) args.push_back("--views");
   std::vector<char*> child_argv;
   for (std::string& a : args) child_argv.push_back(a.data());
   child_argv.push_back(nullptr);

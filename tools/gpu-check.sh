@@ -123,6 +123,13 @@ if [ -z "$CUDNN_ROOT" ] && [ ! -e /usr/local/cuda/include/cudnn.h ]; then
 fi
 say "cuDNN root: ${CUDNN_ROOT:-(the toolkit folder)}"
 [ -n "$CUDNN_ROOT" ] && export CUDNN_ROOT && show ls "$CUDNN_ROOT" "$CUDNN_ROOT/lib"
+# NCCL (dist/'s nccl backend): the toolkit's own when it has nccl.h, else PyTorch's wheel's.
+NCCL_ROOT=${NCCL_ROOT:-}
+if [ -z "$NCCL_ROOT" ] && [ ! -e /usr/local/cuda/include/nccl.h ]; then
+  NCCL_ROOT=$(timeout 60 python3 -c 'import os, nvidia.nccl as c; print(os.path.dirname(c.__file__) if c.__file__ else list(c.__path__)[0])' 2>/dev/null)
+fi
+say "NCCL root: ${NCCL_ROOT:-(the toolkit folder)}"
+[ -n "$NCCL_ROOT" ] && export NCCL_ROOT
 
 HAVE_GPU=0
 if timeout 30 nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
@@ -157,7 +164,7 @@ CMAKE_ARGS+=(${GPU_CHECK_CMAKE_FLAGS:-})
 run_step configure 150 - cmake --fresh "${CMAKE_ARGS[@]}"
 CONFIGURED=$?
 # shellcheck disable=SC2206  # GPU_CHECK_TARGETS is a list
-TARGETS=(${GPU_CHECK_TARGETS:-kiln kiln-tests-cuda kiln-bench kiln-tests-tools kiln-train})
+TARGETS=(${GPU_CHECK_TARGETS:-kiln kiln-tests-cuda kiln-bench kiln-tests-tools kiln-train kiln-tests-dist})
 [ "${GPU_CHECK_CORE_TESTS:-0}" = 1 ] && TARGETS+=(kiln-tests-core)
 if ((CONFIGURED == 0)); then
   # -k 0 (Ninja) / -k (Make): keep going, so one broken file leaves the other targets built.
@@ -201,6 +208,18 @@ elif [ -x "$BUILD/bin/kiln-tests-tools" ]; then
   run_step tests-tools-cuda 120 "$TESTS" "$BUILD/bin/kiln-tests-tools" "[cuda]" --durations yes
 else
   record tests-tools-cuda "FAIL (not built)" 0
+fi
+# The NCCL backend (tests/dist/test_nccl.cpp): every collective of one rank through NCCL,
+# backend auto, DDP steps on CUDA; the 2-rank cases where 2 GPUs are visible. A case that
+# cannot run says why ("skipped: ...", copied into the log).
+if [[ " ${TARGETS[*]} " != *" kiln-tests-dist "* ]]; then
+  record tests-nccl "skipped: not in GPU_CHECK_TARGETS" 0
+elif [ -x "$BUILD/bin/kiln-tests-dist" ]; then
+  echo "### kiln-tests-dist [nccl] ($(date -u +%H:%M:%S))" >>"$TESTS"
+  run_step tests-nccl 120 "$TESTS" "$BUILD/bin/kiln-tests-dist" "[nccl]" --durations yes
+  grep -A1 "skipped:" "$STEP_OUT" | tee -a "$LOG" >/dev/null
+else
+  record tests-nccl "FAIL (not built)" 0
 fi
 if [ "$HAVE_GPU" = 1 ] && [ -x "$BUILD/bin/kiln-train" ]; then
   run_step train-cuda 90 - "$BUILD/bin/kiln-train" --data synthetic --arch resnet18 --device cuda --steps 20 \

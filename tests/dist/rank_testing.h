@@ -45,6 +45,10 @@ struct RankJob {
   std::vector<int> ranks;  // the ranks to start; empty: all
   std::map<std::string, std::string> env;  // more variables for every rank
   double limit_s = 60;     // kill what still runs after this
+  // Whose variables give each rank its place: "torchrun" (RANK, WORLD_SIZE, LOCAL_RANK, as
+  // kiln-run sets them) or "slurm" (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID and
+  // SLURM_NNODES=1, as srun sets them for the tasks of one node).
+  std::string launcher = "torchrun";
 };
 
 inline std::string self_exe() {
@@ -71,12 +75,23 @@ inline std::vector<RankExit> run_ranks(const RankJob& job) {
       const size_t eq = kv.find('=');
       if (eq != std::string::npos) vars[kv.substr(0, eq)] = kv.substr(eq + 1);
     }
-    vars["RANK"] = std::to_string(rank);
-    vars["LOCAL_RANK"] = std::to_string(rank);
-    vars["WORLD_SIZE"] = std::to_string(job.world_size);
+    for (const char* name : {"RANK", "LOCAL_RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS",
+                             "SLURM_NNODES", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"})
+      vars.erase(name);  // none of this process's own launcher
+    if (job.launcher == "slurm") {
+      vars["SLURM_PROCID"] = std::to_string(rank);
+      vars["SLURM_LOCALID"] = std::to_string(rank);
+      vars["SLURM_NTASKS"] = std::to_string(job.world_size);
+      vars["SLURM_NNODES"] = "1";
+    } else {
+      vars["RANK"] = std::to_string(rank);
+      vars["LOCAL_RANK"] = std::to_string(rank);
+      vars["WORLD_SIZE"] = std::to_string(job.world_size);
+    }
     vars["MASTER_ADDR"] = "127.0.0.1";
     vars["MASTER_PORT"] = std::to_string(port);
     vars["OMP_NUM_THREADS"] = "1";
+    if (job.launcher == "slurm") vars.erase("MASTER_ADDR");  // one node: kiln takes 127.0.0.1
     for (const auto& [k, v] : job.env) vars[k] = v;
     std::vector<std::string> env_strings;
     for (const auto& [k, v] : vars) env_strings.push_back(k + "=" + v);

@@ -6,6 +6,7 @@
 #include <csignal>
 #include <thread>
 
+#include "core/cuda.h"
 #include "dist/launch_env.h"
 #include "dist/process_group.h"
 #include "rank_testing.h"
@@ -92,7 +93,7 @@ struct GroupScope {
 TEST_CASE("rank: collectives", "[.rank]") {
   GroupScope group;
   const int rank = dist::get_rank(), world = dist::get_world_size();
-  REQUIRE(world == testing::env_int("WORLD_SIZE"));
+  REQUIRE(world == dist::read_launch_env()->world_size);  // kiln-run's WORLD_SIZE, or mpirun's OMPI_COMM_WORLD_SIZE
   for (int64_t n : {1, 13, 4099}) {
     for (DType dtype : {DType::f32, DType::f64, DType::bf16})
       for (dist::ReduceOp op : {dist::ReduceOp::sum, dist::ReduceOp::avg, dist::ReduceOp::max})
@@ -241,6 +242,12 @@ TEST_CASE("a group of one rank needs no launcher", "[dist]") {
   group.barrier().wait();
 }
 
+// srun starts the tasks with SLURM_* variables only; MASTER_PORT comes from the job script
+// (README: --export or export), MASTER_ADDR may be left out on one node.
+TEST_CASE("collectives on 2 ranks placed by Slurm's variables", "[dist]") {
+  testing::require_ranks_pass({.test_case = "rank: collectives", .world_size = 2, .launcher = "slurm"});
+}
+
 TEST_CASE("a process no launcher started is a job of one rank", "[dist]") {
   if (dist::read_launch_env().has_value()) {
     WARN("skipped: this test runs under a launcher");
@@ -255,9 +262,27 @@ TEST_CASE("a process no launcher started is a job of one rank", "[dist]") {
 }
 
 TEST_CASE("init_process_group names a backend it does not have", "[dist]") {
-  REQUIRE_THROWS_WITH(dist::ProcessGroup({.backend = "nccl", .rank = 0, .world_size = 1}),
-                      Catch::Contains("backend nccl is not built yet"));
+  // Without a GPU (or without NCCL in the build, or its library) nccl says why; with one,
+  // tests/dist/test_nccl.cpp runs it.
+  const std::string why = dist::nccl_unavailable_reason();
+  if (!why.empty()) {
+    REQUIRE_THROWS_WITH(dist::ProcessGroup({.backend = "nccl", .rank = 0, .world_size = 1}),
+                        Catch::Contains("init_process_group: backend nccl cannot run here: " + why) &&
+                            Catch::Contains("backend gloo runs on CPU tensors"));
+    if (!cuda::is_available()) CHECK_THAT(why, Catch::Contains("no CUDA GPU") || Catch::Contains("without NCCL"));
+  }
   REQUIRE_THROWS_WITH(dist::ProcessGroup({.backend = "mpi", .rank = 0, .world_size = 1}),
                       Catch::Contains("unknown backend 'mpi': expected gloo, nccl or auto"));
   REQUIRE_THROWS_WITH(dist::default_group(), Catch::Contains("init_process_group() first"));
+}
+
+TEST_CASE("backend auto serves CPU tensors by Gloo, and NCCL only where it can run", "[dist]") {
+  dist::ProcessGroup group({.backend = "auto", .timeout = std::chrono::seconds(10), .rank = 0, .world_size = 1});
+  CHECK(group.backend() == (dist::nccl_unavailable_reason().empty() ? "gloo+nccl" : "gloo"));
+  Tensor t = full({3}, 2.0);
+  group.all_reduce(t, dist::ReduceOp::avg).wait();
+  CHECK(testing::values(t) == std::vector<double>{2, 2, 2});
+  // NCCL's version where its library loads (a build with NCCL, GPU or not).
+  const std::string version = dist::nccl_version();
+  if (!version.empty()) CHECK_THAT(version, Catch::Matches("2\\.[0-9]+\\.[0-9]+"));
 }

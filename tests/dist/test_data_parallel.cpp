@@ -31,14 +31,16 @@ struct Config {
   int64_t micro_batch = 0;  // 0: one backward per step, no Accumulation (hooks sync it)
   bool compiled = false;
   double bucket_cap_mb = 25;
+  bool views = false;  // gradient_as_bucket_view
 };
 
-Config parse(const std::string& text) {  // "mlp:f64:2:eager:0.0001"
+Config parse(const std::string& text) {  // "mlp:f64:2:eager:0.0001", ":views" at the end for views
   std::vector<std::string> f;
   std::stringstream in(text);
   for (std::string part; std::getline(in, part, ':');) f.push_back(part);
-  REQUIRE(f.size() == 5);
-  return {f[0], f[1] == "f32" ? DType::f32 : DType::f64, std::stoll(f[2]), f[3] == "compiled", std::stod(f[4])};
+  REQUIRE((f.size() == 5 || (f.size() == 6 && f[5] == "views")));
+  return {f[0], f[1] == "f32" ? DType::f32 : DType::f64, std::stoll(f[2]), f[3] == "compiled", std::stod(f[4]),
+          f.size() == 6};
 }
 
 std::shared_ptr<nn::Module> make_model(const Config& c, uint64_t seed) {
@@ -88,13 +90,14 @@ double worst_relative(nn::Module& a, nn::Module& b, bool buffers = false) {
 
 void run_config(const Config& c, int rank, int world) {
   INFO("config " << c.model << " " << fmt::format("{}", c.dtype) << " micro-batch " << c.micro_batch
-                 << (c.compiled ? " compiled" : " eager") << " bucket cap " << c.bucket_cap_mb << " MiB");
+                 << (c.compiled ? " compiled" : " eager") << " bucket cap " << c.bucket_cap_mb << " MiB"
+                 << (c.views ? ", gradients as bucket views" : ""));
   const double tol = c.dtype == DType::f64 ? 1e-10 : 1e-5;
   auto reference = make_model(c, 100);          // rank 0's initial weights
   auto local = make_model(c, 100 + static_cast<uint64_t>(rank));  // made different on purpose
   // Batch norm over the whole global batch, as the reference's: SyncBatchNorm.
   const int64_t synced = c.model == "cnnbn" ? dist::convert_sync_batchnorm(*local) : 0;
-  dist::DistributedDataParallel ddp(*local, {.bucket_cap_mb = c.bucket_cap_mb});
+  dist::DistributedDataParallel ddp(*local, {.bucket_cap_mb = c.bucket_cap_mb, .gradient_as_bucket_view = c.views});
   REQUIRE(worst_relative(*local, *reference) == 0);  // the broadcast from rank 0
   optim::SGD ref_opt(reference->parameters(), {.lr = 0.1, .momentum = 0.9});
   optim::SGD opt(local->parameters(), {.lr = 0.1, .momentum = 0.9});
@@ -244,6 +247,72 @@ TEST_CASE("data parallel with SyncBatchNorm equals one process with BatchNorm ov
 TEST_CASE("data parallel with a compiled micro-step syncs after it", "[dist]") {
   testing::require_ranks_pass({.test_case = "rank: data parallel steps", .world_size = 2,
                                .env = {{"KILN_TEST_DDP", "mlp:f32:2:compiled:0.0001,mlp:f64:0:compiled:25"}}});
+}
+
+// Gradients as views into the buckets against the copying path, on ranks with different
+// data: two replicas from the same weights, each stepped by its own SGD with momentum, one
+// synced by copies and one by views, must hold the same gradients and weights bit for bit
+// (the all-reduce sums the same buckets; only where the gradients live differs). With
+// zero_grad(set_to_none = false) the views stay and, after the first step, no gradient is
+// copied either way; with set_to_none every step copies each gradient in once (backward
+// makes a fresh .grad) and re-points it, and no average is ever copied out.
+TEST_CASE("rank: gradients as bucket views", "[.rank]") {
+  dist::init_process_group({.backend = "gloo", .timeout = std::chrono::seconds(30)});
+  const int rank = dist::get_rank();
+  for (bool set_to_none : {true, false}) {
+    INFO("zero_grad(set_to_none = " << set_to_none << ")");
+    manual_seed(7);
+    models::MLP copied({6, 16, 3});
+    manual_seed(7);
+    models::MLP viewed({6, 16, 3});
+    const int64_t params = static_cast<int64_t>(viewed.parameters().size());
+    // Several buckets (each bias and weight apart), rebuilt after the first step.
+    dist::DistributedDataParallel ddp_copied(copied, {.bucket_cap_mb = 0.0001});
+    dist::DistributedDataParallel ddp_viewed(viewed, {.bucket_cap_mb = 0.0001, .gradient_as_bucket_view = true});
+    optim::SGD opt_copied(copied.parameters(), {.lr = 0.1, .momentum = 0.9});
+    optim::SGD opt_viewed(viewed.parameters(), {.lr = 0.1, .momentum = 0.9});
+    for (int step = 0; step < 4; ++step) {
+      INFO("step " << step);
+      manual_seed(static_cast<uint64_t>(100 * step + rank));  // each rank its own data
+      const Tensor x = randn({4, 6}), y = randn({4, 3});
+      ddp_viewed.reset_sync_stats();
+      for (auto [model, ddp] : {std::pair<nn::Module*, dist::DistributedDataParallel*>{&copied, &ddp_copied},
+                                {&viewed, &ddp_viewed}}) {
+        {
+          auto sync = ddp->no_sync();  // an accumulation micro-step: into .grad (the views), no all-reduce
+          mse_loss(model->forward(x.narrow(0, 0, 2)), y.narrow(0, 0, 2)).backward();
+        }
+        mse_loss(model->forward(x.narrow(0, 2, 2)), y.narrow(0, 2, 2)).backward();
+      }
+      const dist::SyncStats stats = ddp_viewed.sync_stats();
+      CHECK(stats.gradients_copied_out == 0);
+      CHECK(stats.gradients_copied_in == (set_to_none || step == 0 ? params : 0));
+      const auto pc = copied.parameters(), pv = viewed.parameters();
+      for (size_t i = 0; i < pc.size(); ++i) REQUIRE(testing::same_bits(pv[i].grad(), pc[i].grad()));
+      // The optimizer reads the averaged gradients through the views.
+      opt_copied.step();
+      opt_viewed.step();
+      for (size_t i = 0; i < pc.size(); ++i) REQUIRE(testing::same_bits(pv[i], pc[i]));
+      opt_copied.zero_grad(set_to_none);
+      opt_viewed.zero_grad(set_to_none);
+      for (const Tensor& p : pv) {
+        if (set_to_none) CHECK_FALSE(p.grad().defined());
+        else CHECK(testing::values(p.grad()) == std::vector<double>(static_cast<size_t>(p.numel()), 0.0));
+      }
+    }
+  }
+  dist::destroy_process_group();
+}
+
+TEST_CASE("gradients as bucket views equal the copying path and copy nothing with kept views", "[dist]") {
+  testing::require_ranks_pass({.test_case = "rank: gradients as bucket views", .world_size = 2});
+}
+
+TEST_CASE("data parallel with gradients as bucket views equals one process with the whole batch", "[dist]") {
+  // Micro-batches and the short last batch, several buckets, and a compiled micro-step.
+  testing::require_ranks_pass(
+      {.test_case = "rank: data parallel steps", .world_size = 2,
+       .env = {{"KILN_TEST_DDP", "mlp:f64:2:eager:0.0001:views,cnn:f32:0:eager:25:views,mlp:f32:2:compiled:0.0001:views"}}});
 }
 
 TEST_CASE("DistributedDataParallel buckets parameters in reverse order under the cap", "[dist]") {
