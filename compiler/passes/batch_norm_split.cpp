@@ -136,10 +136,10 @@ Replacement split_forward(Rewriter& rw, const Candidate& c, BatchNormSplit split
   const Values stats =
       rw.add_op("batch_norm_train_stats", {x, c.inputs[1], c.inputs[2], c.inputs[3], c.inputs[4]},
                 {{"momentum", c.attrs.f("momentum")}, {"eps", c.attrs.f("eps")}}, src);
-  const DType compute = stats_dtype(xt.dtype);
   const size_t rank = xt.shape.size();
-  const Value scaled = rw.add_op1(
-      "mul", {cast_to(rw, x, compute, src), per_channel(rw, stats[4], rank, src)}, {}, src);
+  // x (16-bit) times a compute-type factor promotes to the compute type, converting x as it
+  // reads it: no cast node, which the backward's x - mean would share and so store.
+  const Value scaled = rw.add_op1("mul", {x, per_channel(rw, stats[4], rank, src)}, {}, src);
   const Value y = rw.add_op1("add", {scaled, per_channel(rw, stats[5], rank, src)}, {}, src);
   return Values{cast_to(rw, y, xt.dtype, src), stats[0], stats[1], stats[2], stats[3]};
 }
@@ -169,12 +169,13 @@ Replacement split_backward(Rewriter& rw, const Candidate& c, BatchNormSplit spli
                 {grad_source, x, c.inputs[2], c.inputs[3], c.inputs[4], relu_out}, {}, src);
   const DType compute = stats_dtype(xt.dtype);
   const size_t rank = xt.shape.size();
-  // The CPU kernel reads grad_out in x's dtype, then computes in the compute type.
-  const Value dy = cast_to(rw, cast_to(rw, g, xt.dtype, src), compute, src);
-  const Value xmu = rw.add_op1("sub",
-                               {cast_to(rw, x, compute, src),
-                                per_channel(rw, cast_to(rw, c.inputs[3], compute, src), rank, src)},
-                               {}, src);
+  // The CPU kernel reads grad_out in x's dtype, then computes in the compute type. 16-bit
+  // operands meet compute-type factors, so the ops promote them as they read them (a cast
+  // node of x would be the forward's, hash-consed, and stored in f32 for this kernel).
+  const Value dy =
+      rw.type(g).dtype == xt.dtype ? g : cast_to(rw, cast_to(rw, g, xt.dtype, src), compute, src);
+  const Value xmu = rw.add_op1(
+      "sub", {x, per_channel(rw, cast_to(rw, c.inputs[3], compute, src), rank, src)}, {}, src);
   const Value centered = rw.add_op1("sub", {dy, per_channel(rw, sums[2], rank, src)}, {}, src);
   const Value projected = rw.add_op1("mul", {xmu, per_channel(rw, sums[3], rank, src)}, {}, src);
   const Value dx = rw.add_op1(

@@ -123,6 +123,33 @@ TEST_CASE("split_batch_norm: the apply fuses with relu and with the residual add
   }
 }
 
+// 16-bit: the apply and the input gradient read x in 16 bit and store only 16-bit values
+// (the ops promote x as they read it; a cast node would be shared by the two kernels and
+// stored in f32 between them, 3x the 16-bit traffic).
+TEST_CASE("split_batch_norm: bf16 batch norm's kernels store nothing in f32",
+          "[batch_norm_split][passes]") {
+  for (bool residual : {false, true}) {
+    const Case c{.residual = residual, .dtype = DType::bf16};
+    INFO(name_of(c));
+    Graph g;
+    const std::vector<ScheduleStep> steps = split_schedule(c, g);
+    int checked = 0;
+    for (const ScheduleStep& s : steps) {
+      if (s.kind != ScheduleStep::pointwise || !(has_op(g, s, "relu") || has_op(g, s, "sub")))
+        continue;
+      ++checked;
+      for (int32_t b : s.kernel.output_buffers())
+        CHECK(s.kernel.buffers[static_cast<size_t>(b)].dtype == DType::bf16);
+      for (int32_t b : s.kernel.input_buffers()) {
+        const codegen::Buffer& in = s.kernel.buffers[static_cast<size_t>(b)];
+        if (g.type({in.node, in.output_index}).shape.size() == 4 && in.views.empty())
+          CHECK(in.dtype == DType::bf16);
+      }
+    }
+    CHECK(checked == 2);
+  }
+}
+
 // In a ResNet's backward the gradient reaching a ReLU comes from a convolution's backward
 // (a library step): where the mask has no other reader (after the stem's batch norm and bn1 of a
 // basic block), the sums read the gradient and ReLU's output, and the mask is part of the input
