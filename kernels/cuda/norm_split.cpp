@@ -11,8 +11,9 @@
 // chunk's partial sums. The last block of a tile to finish (a counter per tile, incremented
 // after a __threadfence) adds the chunks' partials in chunk order and computes the
 // per-channel results, so they do not depend on scheduling; it sets the counter back to 0.
-// The counters live for the process, one array per device. NCHW reads are strided (one
-// channel per thread): correct, not fast; the CUDA target runs batch norm NHWC.
+// The counters live for the process, one array per device, made at a first call outside any
+// CUDA graph capture. NCHW reads are strided (one channel per thread): correct, not fast;
+// the CUDA target runs batch norm NHWC.
 //
 // The arithmetic is kernels/cpu/norm.cpp's: the forward's sums are shifted by each channel's
 // first value (mean = k + S1 / n, var = S2 / n - (S1 / n)^2), the backward's sum dy and
@@ -25,6 +26,7 @@
 #include "core/ops/elementwise.h"
 #include "core/registry.h"
 #include "kernels/cuda/hand_kernels.h"
+#include "kernels/cuda/runtime.h"
 
 namespace kiln::cuda {
 namespace {
@@ -182,7 +184,18 @@ unsigned int* counters_for(const Tensor& x, int64_t tiles) {
   static std::unordered_map<std::string, Tensor> counters;
   std::lock_guard lock(mutex);
   Tensor& t = counters[x.device().str()];
-  if (!t.defined()) t = zeros({kCounters}, {.dtype = DType::i32, .device = x.device()});
+  if (!t.defined()) {
+    // Made outside any CUDA graph capture: a capture's allocations come from its private
+    // pool, which the counters must not live in (compile's reduce-overhead mode captures
+    // after an uncaptured warm-up run, which makes them).
+    KILN_CHECK(
+        !x.device().is_cuda() ||
+            capture_replay_stream(static_cast<int>(x.device().index)) == nullptr,
+        "batch norm statistics on {}: the kernels' counters are made by a first call outside a "
+        "CUDA graph capture; run the step once uncaptured first",
+        x.device().str());
+    t = zeros({kCounters}, {.dtype = DType::i32, .device = x.device()});
+  }
   return static_cast<unsigned int*>(t.data_ptr());
 }
 
