@@ -257,7 +257,14 @@ std::shared_ptr<Program> build_program(const Graph& traced, const CompileOptions
   if (dump) dump_file(options.dump_dir, number, "trace.ir", print(traced));
   if (options.backend == "interpreter") return nullptr;
   std::vector<PassRecord> records;
-  Graph optimized = run_pipeline(traced, default_compile_passes(options.layout), &records, false);
+  BatchNormSplit split = options.batch_norm_split;
+  if (const char* env = std::getenv("KILN_BATCH_NORM_SPLIT"); env && *env) {
+    const std::string v = env;
+    KILN_CHECK(v == "cuda" || v == "always" || v == "never",
+               "kiln::compile: KILN_BATCH_NORM_SPLIT must be cuda, always or never, got '{}'", v);
+    split = v == "always" ? BatchNormSplit::always : v == "never" ? BatchNormSplit::never : BatchNormSplit::cuda;
+  }
+  Graph optimized = run_pipeline(traced, default_compile_passes(options.layout, split), &records, false);
   if (dump) {
     dump_file(options.dump_dir, number, "simplified.ir", print(optimized));
     dump_file(options.dump_dir, number, "passes.txt", timing_table(records));

@@ -98,6 +98,11 @@ struct CompileOptions {
   // Where the layout pass runs convolutions channels-last (compiler/passes/passes.h):
   // automatic (every device's convolution regions), keep, or channels_last.
   LayoutPolicy layout = LayoutPolicy::automatic;
+  // Where a training batch norm and its backward become statistics ops plus fused pointwise
+  // work (split_batch_norm, compiler/passes/passes.h): on CUDA (the default), always or
+  // never. The environment's KILN_BATCH_NORM_SPLIT=cuda|always|never overrides it (how the
+  // CPU choice was measured with kiln-bench).
+  BatchNormSplit batch_norm_split = BatchNormSplit::cuda;
   // Time every step of the generated programs (see CompiledFunction::profile); also on when
   // the environment sets KILN_PROFILE=1.
   bool profile = false;

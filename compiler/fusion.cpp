@@ -43,6 +43,10 @@ class Fuser {
         reduction(n);
         continue;
       }
+      if (!run_.empty() && runs_beside(node)) {
+        push_eager(n);
+        continue;
+      }
       const bool pointwise = codegen::lowers_pointwise(*node.def);
       if (pointwise && !run_.empty() && node.outputs.size() == 1 && node.outputs[0].shape == run_shape_) {
         std::vector<int32_t> candidate = run_;
@@ -72,6 +76,17 @@ class Fuser {
     return std::all_of(node.outputs.begin(), node.outputs.end(), [](const TensorType& t) {
       return !t.defined || t.device.is_cpu() || t.device.is_cuda();
     });
+  }
+
+  // Whether library node `node` may run before the current run's kernel, leaving the run
+  // open: batch norm's statistics ops (compiler/passes/batch_norm_split.cpp) when they read
+  // no value of the run. Their pointwise consumers (batch norm's apply, its input gradient)
+  // then join the run: ReLU's backward mask, which the gradient sums read through its
+  // inputs, is one more line of the input gradient's kernel instead of a stored tensor.
+  bool runs_beside(const Node& node) const {
+    if (node.op != "batch_norm_grad_stats" && node.op != "batch_norm_train_stats") return false;
+    return std::none_of(node.inputs.begin(), node.inputs.end(),
+                        [&](const Value& v) { return v.defined() && in_run_.contains(v.node); });
   }
 
   // Whether a value of `group` is used outside it (by a node, an output or a write-back):

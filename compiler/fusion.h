@@ -25,7 +25,12 @@
 //   and write-backs.
 // A view of a value produced outside the current pointwise run does not break the run (its
 // step comes before the run's kernel); a view of a value the run produces ends the run,
-// since a kernel cannot read its own result through a view.
+// since a kernel cannot read its own result through a view. Likewise batch norm's statistics
+// ops (batch_norm_train_stats, batch_norm_grad_stats: compiler/passes/passes.h,
+// split_batch_norm) when they read no value of the run: their eager step comes before the
+// run's kernel, which the pointwise work reading their results then joins (ReLU's backward
+// mask and batch norm's input gradient in one kernel). That is the one exception to "groups
+// in node order": the schedule stays a topological order.
 //
 // Membership follows the ops' registry entries: a node joins the run when the code
 // generator lowers its op (codegen::lowers_pointwise), it has the run's shape and a value of

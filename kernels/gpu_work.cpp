@@ -104,6 +104,27 @@ GpuWork batch_norm_backward_work(Metas in, Metas, const Attrs&, bool) {
   return work;
 }
 
+// batch norm's statistics ops (compiler/passes/batch_norm_split.cpp; kernels/cuda/
+// norm_split.cpp): one launch reading each input once, 16-bit ones as they are, plus the f64
+// partial sums of each chunk of rows, written and read once (kernels/cuda/norm_split.cpp's
+// geometry: about 1024 blocks of 32 channels, chunks of at least 64 rows).
+GpuWork channel_sums(const TensorMeta& x, double flops_per_element, std::string note) {
+  GpuWork work;
+  const int64_t channels = x.shape.at(1), rows = channels ? numel_of(x.shape) / channels : 0;
+  const int64_t tiles = (channels + 31) / 32;
+  const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(std::max<int64_t>(1, 1024 / tiles), (rows + 63) / 64));
+  work.flops = flops_per_element * static_cast<double>(numel_of(x.shape));
+  work.extra_read = work.extra_written = chunks * 2 * channels * 8;
+  work.note = std::move(note);
+  return work;
+}
+GpuWork batch_norm_train_stats_work(Metas in, Metas, const Attrs&, bool) {
+  return channel_sums(in[0], 4.0, "one pass, f64 sums");
+}
+GpuWork batch_norm_grad_stats_work(Metas in, Metas, const Attrs&, bool) {
+  return channel_sums(in[1], 5.0, in[5].defined ? "one pass, ReLU's mask from its output" : "one pass, f64 sums");
+}
+
 // The multi-tensor updates launch once per table of parameters (kernels/cuda/optim.h: 24
 // for SGD, 16 for AdamW), four FLOPs or so per element.
 template <int64_t kGroup>
@@ -155,6 +176,8 @@ struct Registrar {
     set_gpu_work("batch_norm_update", batch_norm_update_work);
     set_gpu_work("batch_norm_stats_update", batch_norm_stats_update_work);
     set_gpu_work("batch_norm_backward", batch_norm_backward_work);
+    set_gpu_work("batch_norm_train_stats", batch_norm_train_stats_work);
+    set_gpu_work("batch_norm_grad_stats", batch_norm_grad_stats_work);
     set_gpu_work("sgd_update_multi", multi_tensor_update<24>);
     set_gpu_work("adamw_update_multi", multi_tensor_update<16>);
   }

@@ -69,6 +69,7 @@ struct ModelOptions {
   std::string gpu_arch = "sm_90";
   std::optional<DType> amp;  // --amp: the forward (and loss) traced under autocast to this dtype
   std::optional<compiler::LayoutPolicy> layout;  // --layout; else the target's automatic choice
+  compiler::BatchNormSplit batch_norm_split = compiler::BatchNormSplit::always;  // --batch-norm-split
   bool cost = false;         // --cost: the GPU cost model's table instead of a stage
   std::string gpu = "h200";  // --gpu: the GPU it models
   bool tf32 = true;          // --no-tf32: f32 products on CUDA cores
@@ -131,7 +132,8 @@ Stages build_stages(const ModelOptions& o) {
                                                    .classes = o.classes,
                                                    .channels = o.channels,
                                                    .amp = o.amp,
-                                                   .layout = layout});
+                                                   .layout = layout,
+                                                   .batch_norm_split = o.batch_norm_split});
   Stages s;
   s.texts.emplace_back("trace", compiler::print(step.traced));
   s.simplified = std::move(step.simplified);
@@ -240,10 +242,11 @@ int model_stages(const ModelOptions& o) {
   if (o.cost) {
     const compiler::GpuSpec& gpu = compiler::gpu_spec(o.gpu);
     const compiler::CostReport r = compiler::estimate_cost(s.simplified, s.groups, gpu, {.tf32 = o.tf32});
-    std::cout << fmt::format("cost model: {} {} step, batch {}, {}x{}, on {} ({}), {}, layout {}\n", o.arch,
+    std::cout << fmt::format("cost model: {} {} step, batch {}, {}x{}, on {} ({}), {}, layout {}, batch norm split {}\n", o.arch,
                              o.train ? "training" : "inference", o.batch, o.image_size, o.image_size, gpu.name,
                              gpu.description, o.amp ? fmt::format("autocast {}", *o.amp) : o.tf32 ? "tf32" : "f32",
-                             compiler::layout_policy_name(o.layout ? *o.layout : compiler::LayoutPolicy::automatic))
+                             compiler::layout_policy_name(o.layout ? *o.layout : compiler::LayoutPolicy::automatic),
+                             compiler::batch_norm_split_name(o.batch_norm_split))
               << compiler::cost_table(r);
     return 0;
   }
@@ -296,6 +299,13 @@ ModelOptions parse_model_options(int argc, char** argv) {
       else if (v == "channels_last" || v == "channels-last") o.layout = compiler::LayoutPolicy::channels_last;
       else fail("kiln-ir: --layout {}: expected auto, keep or channels_last", v);
     }
+    else if (option == "--batch-norm-split") {
+      const std::string v = value();
+      if (v == "cuda") o.batch_norm_split = compiler::BatchNormSplit::cuda;
+      else if (v == "always") o.batch_norm_split = compiler::BatchNormSplit::always;
+      else if (v == "never") o.batch_norm_split = compiler::BatchNormSplit::never;
+      else fail("kiln-ir: --batch-norm-split {}: expected cuda, always or never", v);
+    }
     else if (option == "--amp") {
       const std::string v = value();
       if (v == "bf16") o.amp = DType::bf16;
@@ -323,6 +333,7 @@ void usage(std::ostream& os) {
   os << "usage: kiln-ir MODEL [--train] [--batch N] [--image-size N] [--classes N] [--channels N]\n"
         "               [--stage STAGE] [--dot FILE] [--diff STAGE_A STAGE_B] [--gpu-arch sm_XX]\n"
         "               [--amp bf16|fp16] [--layout auto|keep|channels_last]\n"
+        "               [--batch-norm-split always|cuda|never]\n"
         "               [--cost [--gpu h200|h100|a100] [--no-tf32]]\n"
         "       kiln-ir --ops\n"
         "  MODEL   resnet18|resnet34|resnet50|resnet101|resnet152|mlp|cnn: traces one step\n"
@@ -337,6 +348,9 @@ void usage(std::ostream& os) {
         "          cast steps (kernels that only convert a dtype)\n"
         "  --layout  where the layout pass runs convolutions NHWC: auto (NHWC on every device,\n"
         "          as kiln::compile), keep (NCHW), channels_last\n"
+        "  --batch-norm-split  where training batch norms become statistics ops and fused\n"
+        "          pointwise work: always (the default: the CUDA target's schedule, which the\n"
+        "          step traced on the CPU stands for), cuda (the CPU's schedule), never\n"
         "  --cost  the GPU cost model of the fused step on CUDA (compiler/cost.h): per step the\n"
         "          bytes read and written, GFLOP, launches and roofline time on --gpu (h200 by\n"
         "          default), totals per kind, and the planned traffic against the minimum\n"

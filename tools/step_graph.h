@@ -22,6 +22,10 @@ struct StepGraphOptions {
   int64_t batch = 2, image_size = 32, classes = 10, channels = 3;
   std::optional<DType> amp;
   compiler::LayoutPolicy layout = compiler::LayoutPolicy::automatic;
+  // The graph is traced on the CPU, but what kiln-ir's stages and the cost model show is the
+  // CUDA target's schedule, in which batch norm is split (split_batch_norm): `always` by
+  // default; `cuda` gives the CPU's schedule (kiln-ir --batch-norm-split cuda).
+  compiler::BatchNormSplit batch_norm_split = compiler::BatchNormSplit::always;
 };
 
 struct StepGraph {

@@ -57,6 +57,22 @@ const std::vector<Rule>& decompose_rules();
 // partial sums). Logs one line per rewrite.
 Graph gemm_epilogues(const Graph& graph, RewriteLog* log = nullptr);
 
+// Where split_batch_norm applies: to values on CUDA devices (the default: there a separate
+// pass over memory costs what the arithmetic does not), on every device with a code
+// generator (tests; measurements on the CPU), or nowhere. docs/compiler.md says why the CPU
+// keeps its batch-norm kernels.
+enum class BatchNormSplit : uint8_t { cuda, always, never };
+const char* batch_norm_split_name(BatchNormSplit split);  // "cuda", "always", "never"
+
+// A training batch norm (batch_norm_update) becomes batch_norm_train_stats (per-channel
+// statistics, the running statistics' update and the affine factors) plus a pointwise
+// y = x * scale + shift, which fusion merges with the ReLU or residual add and ReLU after it;
+// batch_norm_backward in training becomes batch_norm_grad_stats (the per-channel sums and
+// dx's factors) plus a pointwise dx, into which ReLU's backward mask fuses: where grad_out is
+// where(gt(r, 0), g, 0) read by nothing else, the sums read g and r themselves
+// (compiler/passes/batch_norm_split.cpp). Logs one line per op rewritten.
+Graph split_batch_norm(const Graph& graph, BatchNormSplit split, RewriteLog* log = nullptr);
+
 // Where the layout pass runs a graph's convolutions channels-last (NHWC): automatic (on
 // every device: on the CPU kiln's NHWC convolutions are GEMMs over the whole batch and
 // oneDNN reads NHWC directly, which measured faster; on CUDA, cuDNN's tensor-core
@@ -102,8 +118,9 @@ Graph run_pipeline(const Graph& graph, const std::vector<NamedPass>& passes,
 // {fold_constants, simplify, dead_code}.
 std::vector<NamedPass> default_simplify_passes();
 // What kiln::compile runs before fusion: {fold_constants, simplify, decompose,
-// gemm_epilogues, layout, dead_code}.
-std::vector<NamedPass> default_compile_passes(LayoutPolicy layout = LayoutPolicy::automatic);
+// gemm_epilogues, layout, split_batch_norm, dead_code}.
+std::vector<NamedPass> default_compile_passes(LayoutPolicy layout = LayoutPolicy::automatic,
+                                              BatchNormSplit batch_norm = BatchNormSplit::cuda);
 
 // An aligned table: pass, ms, nodes before -> after, rewrites; then a total line.
 std::string timing_table(const std::vector<PassRecord>& records);

@@ -37,12 +37,14 @@ std::vector<NamedPass> default_simplify_passes() {
   return {{"fold_constants", fold_constants}, {"simplify", simplify}, {"dead_code", dead_code}};
 }
 
-std::vector<NamedPass> default_compile_passes(LayoutPolicy layout) {
+std::vector<NamedPass> default_compile_passes(LayoutPolicy layout, BatchNormSplit batch_norm) {
   return {{"fold_constants", fold_constants},
           {"simplify", simplify},
           {"decompose", decompose},
           {"gemm_epilogues", gemm_epilogues},
           {"layout", [layout](const Graph& g, RewriteLog* log) { return choose_layout(g, layout, log); }},
+          {"split_batch_norm",
+           [batch_norm](const Graph& g, RewriteLog* log) { return split_batch_norm(g, batch_norm, log); }},
           {"dead_code", dead_code}};
 }
 

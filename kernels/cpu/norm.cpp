@@ -8,6 +8,8 @@
 #include <cmath>
 #include <mutex>
 
+#include "core/grad_mode.h"
+#include "core/ops/elementwise.h"
 #include "core/registry.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/loops.h"
@@ -505,6 +507,127 @@ void batch_norm_backward(Span in, Span out, const Attrs& attrs) {
   write_values(out[2], grad_bias);
 }
 
+// batch_norm_train_stats (compiler/passes/batch_norm_split.cpp): batch_norm_update's
+// statistics and running-statistics update, and its output's factors scale and shift,
+// computed and rounded as batch_norm_into computes them, so x * scale + shift is its output.
+void batch_norm_train_stats(Span in, Span out, const Attrs& attrs) {
+  const double eps = attrs.has("eps") ? attrs.f("eps") : 1e-5;
+  const MemoryFormat format = in[0].suggest_memory_format();
+  const Tensor x = in[0].contiguous(format);
+  const ChannelLayout s = channel_layout(x, format);
+  const std::vector<double> weight = read_values(in[1], s.c, 1.0), bias = read_values(in[2], s.c, 0.0);
+  std::vector<double> mean, var;
+  channel_moments(x, s, mean, var);
+  const auto channels = static_cast<size_t>(s.c);
+  std::vector<double> invstd(channels), scale(channels), shift(channels);
+  for (size_t c = 0; c < channels; ++c) {
+    invstd[c] = 1.0 / std::sqrt(var[c] + eps);
+    scale[c] = invstd[c] * weight[c];
+    shift[c] = bias[c] - mean[c] * invstd[c] * weight[c];
+  }
+  update_running_stats(in[3], in[4], out[2], out[3], mean, var, s.n * s.l, momentum_of(attrs));
+  write_values(out[0], mean);
+  write_values(out[1], invstd);
+  write_values(out[4], scale);
+  write_values(out[5], shift);
+}
+
+// The per-channel sums of batch_norm_backward, sum dy and sum dy (x - mean), in its order
+// (so the same bits); dy is grad, or where(relu > 0, grad, 0) when relu is given.
+template <class T>
+void grad_sums(const T* xs, const T* gs, const T* rs, const ChannelLayout& s, const std::vector<double>& mean,
+               std::vector<double>& sum_dy, std::vector<double>& sum_dy_xmu) {
+  const int64_t channels = s.c;
+  sum_dy.assign(static_cast<size_t>(channels), 0.0);
+  sum_dy_xmu.assign(static_cast<size_t>(channels), 0.0);
+  const double* m = mean.data();
+  auto dy_at = [gs, rs](int64_t i) __attribute__((always_inline)) {
+    return rs && !(static_cast<compute_t<T>>(rs[i]) > 0) ? 0.0 : to_double(gs[i]);
+  };
+  if (s.channels_last) {
+    const std::vector<double> sums =
+        row_block_sums(s.rows(), channels, 2, [&](int64_t r0, int64_t r1, double* acc) {
+          with_wide<T>([&]() __attribute__((always_inline)) {
+            double* __restrict a_dy = acc;
+            double* __restrict a_xmu = acc + channels;
+            auto dy = [&](int64_t r, int64_t c) __attribute__((always_inline)) { return dy_at(r * channels + c); };
+            auto dy_xmu = [&](int64_t r, int64_t c) __attribute__((always_inline)) {
+              const int64_t i = r * channels + c;
+              return dy_at(i) * (to_double(xs[i]) - m[c]);
+            };
+            int64_t r = r0;
+            for (; r + 4 <= r1; r += 4) {
+              for (int64_t c = 0; c < channels; ++c) {
+                a_dy[c] += (dy(r, c) + dy(r + 1, c)) + (dy(r + 2, c) + dy(r + 3, c));
+                a_xmu[c] += (dy_xmu(r, c) + dy_xmu(r + 1, c)) + (dy_xmu(r + 2, c) + dy_xmu(r + 3, c));
+              }
+            }
+            for (; r < r1; ++r) {
+              for (int64_t c = 0; c < channels; ++c) {
+                a_dy[c] += dy(r, c);
+                a_xmu[c] += dy_xmu(r, c);
+              }
+            }
+          });
+        });
+    for (int64_t c = 0; c < channels; ++c) {
+      sum_dy[static_cast<size_t>(c)] = sums[static_cast<size_t>(c)];
+      sum_dy_xmu[static_cast<size_t>(c)] = sums[static_cast<size_t>(channels + c)];
+    }
+    return;
+  }
+  parallel_for(s.c, grain_for(s.n * s.l), [&](int64_t b, int64_t e) {
+    for (int64_t c = b; c < e; ++c) {
+      const double mc = m[c];
+      double a = 0, ax = 0;
+      for (int64_t n = 0; n < s.n; ++n) {
+        const int64_t base = (n * s.c + c) * s.l;
+        a += accumulate(s.l, [&](int64_t i) { return dy_at(base + i); });
+        ax += accumulate(s.l, [&](int64_t i) { return dy_at(base + i) * (to_double(xs[base + i]) - mc); });
+      }
+      sum_dy[static_cast<size_t>(c)] = a;
+      sum_dy_xmu[static_cast<size_t>(c)] = ax;
+    }
+  });
+}
+
+// batch_norm_grad_stats (compiler/passes/batch_norm_split.cpp): (grad_out, x, weight?,
+// save_mean, save_invstd, relu_out?) -> (grad_weight, grad_bias, mean_dy, k, scale), the
+// values and factors batch_norm_backward (training) computes, rounded as it rounds them.
+void batch_norm_grad_stats(Span in, Span out, const Attrs&) {
+  const MemoryFormat format = in[1].suggest_memory_format() == MemoryFormat::channels_last
+                                  ? MemoryFormat::channels_last
+                                  : in[0].suggest_memory_format();
+  const Tensor x = in[1].contiguous(format);
+  Tensor grad = as_dtype(in[0], x.dtype()).contiguous(format);
+  Tensor relu;
+  if (in[5].defined()) {
+    if (in[5].dtype() == x.dtype()) {
+      relu = in[5].contiguous(format);
+    } else {  // the mask applied apart: a relu output of another dtype is compared in its own
+      NoGradGuard no_grad;
+      grad = as_dtype(where(in[5] > 0, in[0], 0), x.dtype()).contiguous(format);
+    }
+  }
+  const ChannelLayout s = channel_layout(x, format);
+  const std::vector<double> weight = read_values(in[2], s.c, 1.0);
+  const std::vector<double> mean = read_values(in[3], s.c, 0.0);
+  const std::vector<double> invstd = read_values(in[4], s.c, 0.0);
+  std::vector<double> sum_dy, sum_dy_xmu;
+  visit_floating(x.dtype(), "batch_norm_grad_stats", [&]<class T>() {
+    grad_sums<T>(x.data_ptr<T>(), grad.data_ptr<T>(), relu.defined() ? relu.data_ptr<T>() : nullptr, s, mean, sum_dy,
+                 sum_dy_xmu);
+  });
+  std::vector<double> grad_weight(sum_dy.size());
+  for (size_t c = 0; c < sum_dy.size(); ++c) grad_weight[c] = sum_dy_xmu[c] * invstd[c];
+  const GradFactors f = grad_factors(sum_dy, sum_dy_xmu, weight, invstd, s.n * s.l, true);
+  write_values(out[0], grad_weight);
+  write_values(out[1], sum_dy);
+  write_values(out[2], f.mean_dy);
+  write_values(out[3], f.k);
+  write_values(out[4], f.scale);
+}
+
 void layer_norm(Span in, Span out, const Attrs& attrs) {
   const double eps = attrs.has("eps") ? attrs.f("eps") : 1e-5;
   const Tensor x = in[0].contiguous();
@@ -630,6 +753,8 @@ struct Registrar {
     register_kernel("batch_norm_backward", cpu, batch_norm_backward);
     register_kernel("batch_norm_stats_update", cpu, batch_norm_stats_update);
     register_kernel("batch_norm_update", cpu, batch_norm_update);
+    register_kernel("batch_norm_train_stats", cpu, batch_norm_train_stats);
+    register_kernel("batch_norm_grad_stats", cpu, batch_norm_grad_stats);
     register_kernel("layer_norm", cpu, layer_norm);
     register_kernel("layer_norm_backward", cpu, layer_norm_backward);
   }

@@ -82,26 +82,29 @@ inline void copy_parameters(const nn::Module& from, nn::Module& to) {
 }
 
 // The graph compile runs for one training step of `model` (forward, cross entropy against
-// class indices y, backward) on batch x: traced, then the default compile passes.
-inline compiler::Graph training_step_graph(nn::Module& model, const Tensor& x, const Tensor& y) {
+// class indices y, backward) on batch x: traced, then the default compile passes (batch norm
+// split as `split` says: the CUDA target's schedule with `always`).
+inline compiler::Graph training_step_graph(nn::Module& model, const Tensor& x, const Tensor& y,
+                                           compiler::BatchNormSplit split = compiler::BatchNormSplit::cuda) {
   auto step = [&](const std::vector<Tensor>& a) -> std::vector<Tensor> {
     Tensor loss = cross_entropy(model(a[0]), a[1]);
     loss.backward();
     return {loss};
   };
   const compiler::Trace t = compiler::trace(step, {x, y}, compiler::module_names(model));
-  return compiler::run_pipeline(t.graph, compiler::default_compile_passes());
+  return compiler::run_pipeline(t.graph, compiler::default_compile_passes(compiler::LayoutPolicy::automatic, split));
 }
 
 // The compiled ResNet-50 training step the CUDA checks use, as `kiln-ir resnet50 --train
-// --batch 2 --image-size 32` shows it (10 classes, seed 0).
+// --batch 2 --image-size 32` shows it (10 classes, seed 0): the CUDA target's schedule, batch
+// norm split into its statistics ops and fused pointwise kernels.
 inline compiler::Graph resnet50_step_graph() {
   manual_seed(0);
   models::ResNet model = models::resnet50({.num_classes = 10, .zero_init_residual = true});
   model.train(true);
   const Tensor x = randn({2, 3, 32, 32});
   const Tensor y = randint(0, 10, {2});
-  return training_step_graph(model, x, y);
+  return training_step_graph(model, x, y, compiler::BatchNormSplit::always);
 }
 
 inline std::vector<int32_t> compute_nodes(const compiler::Graph& g) {

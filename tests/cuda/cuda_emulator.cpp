@@ -1,7 +1,6 @@
 #include "cuda/cuda_emulator.h"
 
 #include <algorithm>
-#include <atomic>
 #include <string>
 #include <vector>
 
@@ -22,6 +21,7 @@ namespace {
 // shared by the block's threads, and blocks run one after another.
 constexpr const char* kPrelude = R"(#include <math.h>
 
+#include <atomic>
 #include <barrier>
 #include <cstring>
 #include <memory>
@@ -57,6 +57,8 @@ template <class T> T atomicAdd(T* p, T v) {
 }
 
 inline void __syncthreads() { kiln_emu_block_barrier->arrive_and_wait(); }
+// Blocks run one after another, so a block's writes are seen by the later ones anyway.
+inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 
 // Every lane of the warp writes its value, then reads lane `source`'s (its own where that
 // is outside the warp). The whole warp must take part, as the kernels' full masks say.

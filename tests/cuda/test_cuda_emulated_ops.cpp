@@ -198,6 +198,45 @@ TEST_CASE("cuda emulated ops: layer norm, cumsum, prod and the arg reductions", 
   });
 }
 
+// batch norm's statistics ops (compiler/passes/batch_norm_split.cpp), whose kernels
+// (kernels/cuda/norm_split.cpp) add the CPU kernels' f64 terms in another order (chunks of
+// rows, then 8 row lanes): the sums differ by f64 rounding, some 1e-15 of the sum of the
+// terms' magnitudes, far below the results' rounding to f32, so the results differ by at
+// most one f32 rounding step (1e-6 relative), or by 1e-6 absolute where a sum cancels (unit
+// data, at most 300 rows). 16-bit inputs are read as they are, in f32 arithmetic. Shapes with
+// more than one chunk (64 rows) and more than one tile (32 channels), NCHW and channels_last.
+TEST_CASE("cuda emulated ops: batch norm's statistics and gradient sums, 16-bit read as it is",
+          "[cuda_emulated][batch_norm_split]") {
+  TempCache cache;
+  manual_seed(12);
+  for (DType dtype : {DType::f32, DType::f64, DType::bf16, DType::f16})
+    for (bool channels_last : {false, true})
+      for (const Shape& shape : {Shape{3, 5, 4, 3}, Shape{5, 40, 6, 10}}) {
+        INFO(kiln::name(dtype) << (channels_last ? " channels_last " : " nchw ") << shape_str(shape));
+        const DType stats = dtype == DType::f64 ? DType::f64 : DType::f32;
+        auto layout = [&](const Tensor& t) {
+          return channels_last ? t.contiguous(MemoryFormat::channels_last) : t.contiguous();
+        };
+        const int64_t c = shape[1];
+        const Tensor x = layout((randn(shape) * 2.0 + 0.5).to(dtype));
+        const Tensor w = (rand({c}) + 0.5).to(stats), b = randn({c}).to(stats);
+        const Tensor rm = randn({c}).to(stats), rv = (rand({c}) + 0.5).to(stats);
+        const Attrs attrs{{"momentum", 0.1}, {"eps", 1e-5}};
+        std::vector<Tensor> st;
+        check_cuda_kernels({"batch_norm_train_stats"}, 1e-6, [&] {
+          st = call_op(find_op("batch_norm_train_stats"), {x, w, b, rm, rv}, attrs);
+          call_op(find_op("batch_norm_train_stats"), {x, Tensor(), Tensor(), rm, rv}, attrs);
+        });
+        const Tensor g = layout(randn(shape).to(dtype));
+        const Tensor r = layout(relu(randn(shape)).to(dtype));
+        check_cuda_kernels({"batch_norm_grad_stats"}, 1e-6, [&] {
+          call_op(find_op("batch_norm_grad_stats"), {g, x, w, st[0], st[1], Tensor()});
+          call_op(find_op("batch_norm_grad_stats"), {g, x, w, st[0], st[1], r});
+          call_op(find_op("batch_norm_grad_stats"), {g, x, Tensor(), st[0], st[1], r});
+        });
+      }
+}
+
 TEST_CASE("cuda emulated ops: random ops draw the CPU's Philox stream", "[cuda_emulated]") {
   TempCache cache;
   manual_seed(8);
