@@ -273,8 +273,9 @@ std::string fingerprint(const Config& c) {
       c.train_samples, c.synthetic_size, c.synthetic_classes, c.amp, c.loss_scale, c.clip_grad_norm) +
          // The transformers' settings (absent for the image models, whose earlier
          // checkpoints keep resuming).
-         (is_text_arch(c.arch) ? fmt::format(" task={} seq_len={} vocab={} vocab_size={} init={}", task_of(c),
-                                             c.seq_len, c.vocab.string(), c.vocab_size, c.init.string())
+         (is_text_arch(c.arch) ? fmt::format(" task={} seq_len={} vocab={} vocab_size={} init={} mlm_probability={}",
+                                             task_of(c), c.seq_len, c.vocab.string(), c.vocab_size, c.init.string(),
+                                             c.mlm_probability)
                                : std::string());
 }
 

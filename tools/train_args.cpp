@@ -159,6 +159,8 @@ void validate(const Config& c) {
                c.arch, c.data);
     KILN_CHECK(c.seq_len >= 2 && c.seq_len <= kMaxSeqLen, "kiln-train: --seq-len {} must be between 2 and {}",
                c.seq_len, kMaxSeqLen);
+    KILN_CHECK(c.mlm_probability > 0 && c.mlm_probability <= 1,
+               "kiln-train: --mlm-probability {} must be in (0, 1]", c.mlm_probability);
     KILN_CHECK(c.vocab_size >= 8 && c.vocab_size <= kMaxVocabSize,
                "kiln-train: --vocab-size {} must be between 8 and {}", c.vocab_size, kMaxVocabSize);
     KILN_CHECK(c.image_size == 0 && c.pad == 0 && !c.channels_last && !c.zero_init_residual,
@@ -213,6 +215,7 @@ text (the transformers):
   --task T             mlm (masked LM, 15% of tokens, 80/10/10) | clm (next token) | classify
                        (WordNet's glosses labelled with their 45 lexicographer files)
                        [mlm for bert-*, clm for gpt2-*]
+  --mlm-probability X  mlm: the share of tokens chosen, then 80% [MASK], 10% random, 10% kept  [0.15]
   --seq-len N          tokens per sequence: packed blocks (mlm, clm), the longest text (classify)  [128]
   --vocab FILE         a WordPiece vocab.txt  [--init's, else one trained on the training corpus,
                        saved as DIR/vocab.txt with --checkpoint]
@@ -317,6 +320,7 @@ Config parse_args(int argc, const char* const* argv) {
       {"--vocab", [&](auto&, auto& v) { c.vocab = v; }},
       {"--vocab-size", [&](auto& o, auto& v) { c.vocab_size = parse_int(o, v); }},
       {"--init", [&](auto&, auto& v) { c.init = v; }},
+      {"--mlm-probability", [&](auto& o, auto& v) { c.mlm_probability = parse_double(o, v); }},
   };
   // Options given, so that the transformers' defaults fill only the others.
   std::set<std::string> given;

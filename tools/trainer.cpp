@@ -239,7 +239,9 @@ DataSets make_text_data(const Config& c, std::shared_ptr<const data::WordPiece>&
     const auto language_model = [&](const std::vector<std::string>& docs,
                                      const std::string& what) -> std::shared_ptr<const data::Dataset> {
       auto text = std::make_shared<const data::PackedText>(docs, tokenizer, c.seq_len, what);
-      if (task == "mlm") return std::make_shared<const data::MaskedLM>(text, tokenizer);
+      if (task == "mlm")
+        return std::make_shared<const data::MaskedLM>(text, tokenizer,
+                                                      data::MaskedLMOptions{.mask_prob = c.mlm_probability});
       return std::make_shared<const data::CausalLM>(text, tokenizer);
     };
     d.train = language_model(train_docs, name);

@@ -40,6 +40,7 @@ struct Config {
   int64_t seq_len = 128;           // tokens per sequence (packed blocks; classification's longest text)
   std::filesystem::path vocab;     // a WordPiece vocab.txt (empty: --init's, or one trained on the corpus)
   int64_t vocab_size = 4096;       // the vocabulary trained when there is none to read
+  double mlm_probability = 0.15;   // mlm: the share of tokens masked (BERT's 15%; 80/10/10 of them)
   std::filesystem::path init;      // start from these weights: a checkpoint folder or a .safetensors file
   int64_t epochs = 1;
   int64_t steps = 0;             // stop after this many optimizer steps in all (0: epochs decide)

@@ -280,6 +280,7 @@ TEST_CASE("trainer text: the transformers' settings are checked and their defaul
   fails({"--arch", "bert-mini", "--data", "shapes"}, "trains on text");
   fails({"--arch", "bert-mini", "--seq-len", "1"}, "--seq-len 1 must be between 2 and");
   fails({"--arch", "bert-mini", "--vocab-size", "3"}, "--vocab-size 3 must be between 8 and");
+  fails({"--arch", "bert-mini", "--mlm-probability", "0"}, "--mlm-probability 0 must be in (0, 1]");
   fails({"--arch", "bert-mini", "--image-size", "32"}, "--image-size, --pad, --channels-last");
   fails({"--arch", "bert-mini", "--micro-batch", "auto"}, "give --arch bert-mini a --micro-batch N");
   fails({"--arch", "cnn", "--init", "x.safetensors"}, "--init and --vocab are for the transformers");
