@@ -4,7 +4,7 @@ BUILD_TYPE ?= Release
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build test train bench bench-torch parity fuzz gpu-deps gpu-check clean
+.PHONY: all deps configure build test train bench bench-torch parity parity-transformers fuzz gpu-deps gpu-check clean
 
 all: build
 
@@ -73,6 +73,16 @@ parity: build
 	  { [ "$$(id -u)" -eq 0 ] && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-torch python3-torchvision; } || \
 	  { echo "kiln: parity needs python3-torch and python3-torchvision (apt-get install them)"; exit 1; }
 	cd $(BUILD) && ctest -R parity --output-on-failure
+
+# BERT (masked-LM and classification) and GPT-2 against Hugging Face's transformers at
+# small configs with random weights (tests/parity/transformers_parity.py says what is
+# compared and the tolerance's derivation): HF's save_pretrained files load into kiln, and
+# one training step's loss, logits and every parameter's gradient agree, eager and
+# compiled. Not part of `make test`; transformers and safetensors join the PyPI venv of
+# bench-torch (TORCH_VENV, filled by tools/torch-venv.sh).
+parity-transformers: build
+	@python=$$(TORCH_VENV="$(TORCH_VENV)" TORCH_VENV_EXTRA="transformers safetensors" tools/torch-venv.sh) && \
+	  "$$python" tests/parity/transformers_parity.py $(BUILD)/bin/kiln-transformers-parity-dump
 
 # The libFuzzer targets of the file readers (tests/fuzz), each run for FUZZ_SECONDS, one
 # after another (`make test` runs each for 3 s); FUZZ_TARGETS picks some of json,
