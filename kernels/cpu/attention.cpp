@@ -14,11 +14,13 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "core/ops/dropout.h"
 #include "core/philox.h"
 #include "core/registry.h"
+#include "kernels/cpu/exp_f32.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/parallel.h"
 
@@ -26,6 +28,14 @@ namespace kiln::cpu {
 namespace {
 
 using Span = std::span<const Tensor>;
+
+// exp of scores shifted by their running max or log-sum-exp (<= 0): exp_f32 for f32, inline
+// and branchless where expf is a libm call per score; libm's for f64.
+template <class C>
+inline C exp_shifted(C x) {
+  if constexpr (std::is_same_v<C, float>) return exp_f32(x);
+  else return std::exp(x);
+}
 
 constexpr int64_t kRows = 64;  // queries per tile
 constexpr int64_t kCols = 64;  // keys per tile
@@ -180,10 +190,10 @@ void forward(Span in, Span out, const Attrs& attrs) {
             std::fill_n(row, nc, C(0));
             continue;
           }
-          const C rescale = std::exp(max[static_cast<size_t>(i)] - m);
+          const C rescale = exp_shifted(max[static_cast<size_t>(i)] - m);
           C s = 0;
           for (int64_t j = 0; j < nc; ++j) {
-            const C e = std::exp(row[j] - m);
+            const C e = exp_shifted(row[j] - m);
             s += e;
             row[j] = pr.p > 0 ? e * pr.keep(b, r0 + i, c0 + j) : e;
           }
@@ -270,7 +280,7 @@ void backward(Span in, Span out, const Attrs& attrs) {
             C* dpi = dp.data() + i * kCols;
             const C l = plse[b * L + r0 + i], d = delta[static_cast<size_t>(r0 + i)];
             for (int64_t j = 0; j < nc; ++j) {
-              const C pij = l == kNegInf ? C(0) : std::exp(pi[j] - l);
+              const C pij = l == kNegInf ? C(0) : exp_shifted(pi[j] - l);
               const C z = pr.p > 0 ? pr.keep(b, r0 + i, c0 + j) : C(1);
               dpi[j] = pij * (dpi[j] * z - d);  // dS
               pi[j] = pij * z;                  // the dropped probabilities
