@@ -50,9 +50,11 @@ bench: build
 # $(BUILD)/bench-torch/$(BENCH).json. BENCH=convs times every distinct convolution of the
 # ResNet configs instead (forward and both gradients, with each shape's share of a step).
 # BENCH_CONFIGS picks some of resnet50-b8-64, resnet18-b64-32, mlp-block-x4,
-# resnet50-b32-32; BENCH_ARGS adds options of tools/bench_vs_torch.py (--channels-last,
-# --reps). PyTorch runs from a venv outside the build, TORCH_VENV, which
-# tools/torch-venv.sh makes and fills from PyPI when it lacks torch or torchvision.
+# resnet50-b32-32 and the transformers bert-mini-b32-128, gpt2-small-b8-128,
+# gpt2-mini-b16-128 (PyTorch's side from HF's transformers, which then joins the venv);
+# BENCH_ARGS adds options of tools/bench_vs_torch.py (--channels-last, --reps). PyTorch
+# runs from a venv outside the build, TORCH_VENV, which tools/torch-venv.sh makes and fills
+# from PyPI when it lacks torch or torchvision.
 TORCH_VENV ?= $(HOME)/.cache/kiln/torch-venv
 BENCH ?= train
 BENCH_CONFIGS ?= resnet50-b8-64,resnet18-b64-32,mlp-block-x4,resnet50-b32-32
@@ -61,7 +63,8 @@ BENCH_STEPS ?= 5
 BENCH_THREADS ?= $(shell nproc)
 BENCH_ARGS ?=
 bench-torch: build
-	@python=$$(TORCH_VENV="$(TORCH_VENV)" tools/torch-venv.sh) && \
+	@extra=$$(case "$(BENCH_CONFIGS)" in *bert*|*gpt2*) echo transformers;; esac) && \
+	  python=$$(TORCH_VENV="$(TORCH_VENV)" TORCH_VENV_EXTRA="$$extra" tools/torch-venv.sh) && \
 	  python3 tools/bench_vs_torch.py --bench $(BENCH) --configs $(BENCH_CONFIGS) --rounds $(BENCH_ROUNDS) \
 	    --steps $(BENCH_STEPS) --threads $(BENCH_THREADS) --kiln-bench $(BUILD)/bin/kiln-bench \
 	    --python "$$python" --out $(BUILD)/bench-torch/$(BENCH).json $(BENCH_ARGS)
