@@ -4,7 +4,7 @@ BUILD_TYPE ?= Release
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build test train bench bench-torch parity fuzz gpu-deps gpu-check clean
+.PHONY: all deps configure build test train bench bench-torch parity parity-transformers fuzz gpu-deps gpu-check clean
 
 all: build
 
@@ -50,9 +50,11 @@ bench: build
 # $(BUILD)/bench-torch/$(BENCH).json. BENCH=convs times every distinct convolution of the
 # ResNet configs instead (forward and both gradients, with each shape's share of a step).
 # BENCH_CONFIGS picks some of resnet50-b8-64, resnet18-b64-32, mlp-block-x4,
-# resnet50-b32-32; BENCH_ARGS adds options of tools/bench_vs_torch.py (--channels-last,
-# --reps). PyTorch runs from a venv outside the build, TORCH_VENV, which
-# tools/torch-venv.sh makes and fills from PyPI when it lacks torch or torchvision.
+# resnet50-b32-32 and the transformers bert-mini-b32-128, gpt2-small-b8-128,
+# gpt2-mini-b16-128 (PyTorch's side from HF's transformers, which then joins the venv);
+# BENCH_ARGS adds options of tools/bench_vs_torch.py (--channels-last, --reps). PyTorch
+# runs from a venv outside the build, TORCH_VENV, which tools/torch-venv.sh makes and fills
+# from PyPI when it lacks torch or torchvision.
 TORCH_VENV ?= $(HOME)/.cache/kiln/torch-venv
 BENCH ?= train
 BENCH_CONFIGS ?= resnet50-b8-64,resnet18-b64-32,mlp-block-x4,resnet50-b32-32
@@ -61,7 +63,8 @@ BENCH_STEPS ?= 5
 BENCH_THREADS ?= $(shell nproc)
 BENCH_ARGS ?=
 bench-torch: build
-	@python=$$(TORCH_VENV="$(TORCH_VENV)" tools/torch-venv.sh) && \
+	@extra=$$(case "$(BENCH_CONFIGS)" in *bert*|*gpt2*) echo transformers;; esac) && \
+	  python=$$(TORCH_VENV="$(TORCH_VENV)" TORCH_VENV_EXTRA="$$extra" tools/torch-venv.sh) && \
 	  python3 tools/bench_vs_torch.py --bench $(BENCH) --configs $(BENCH_CONFIGS) --rounds $(BENCH_ROUNDS) \
 	    --steps $(BENCH_STEPS) --threads $(BENCH_THREADS) --kiln-bench $(BUILD)/bin/kiln-bench \
 	    --python "$$python" --out $(BUILD)/bench-torch/$(BENCH).json $(BENCH_ARGS)
@@ -73,6 +76,16 @@ parity: build
 	  { [ "$$(id -u)" -eq 0 ] && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-torch python3-torchvision; } || \
 	  { echo "kiln: parity needs python3-torch and python3-torchvision (apt-get install them)"; exit 1; }
 	cd $(BUILD) && ctest -R parity --output-on-failure
+
+# BERT (masked-LM and classification) and GPT-2 against Hugging Face's transformers at
+# small configs with random weights (tests/parity/transformers_parity.py says what is
+# compared and the tolerance's derivation): HF's save_pretrained files load into kiln, and
+# one training step's loss, logits and every parameter's gradient agree, eager and
+# compiled. Not part of `make test`; transformers and safetensors join the PyPI venv of
+# bench-torch (TORCH_VENV, filled by tools/torch-venv.sh).
+parity-transformers: build
+	@python=$$(TORCH_VENV="$(TORCH_VENV)" TORCH_VENV_EXTRA="transformers safetensors" tools/torch-venv.sh) && \
+	  "$$python" tests/parity/transformers_parity.py $(BUILD)/bin/kiln-transformers-parity-dump
 
 # The libFuzzer targets of the file readers (tests/fuzz), each run for FUZZ_SECONDS, one
 # after another (`make test` runs each for 3 s); FUZZ_TARGETS picks some of json,

@@ -583,6 +583,7 @@ int main(int argc, char** argv) {
       if (std::strcmp(argv[3], "cpu") == 0) return bench_ops();
       fail("kiln-bench ops: --device {}: expected cpu or cuda", argv[3]);
     }
+    if (argc >= 2 && std::strcmp(argv[1], "train") == 0 && is_text_arch(argc, argv)) return bench_text_train(argc, argv);
     if (argc >= 2 && std::strcmp(argv[1], "train") == 0) return bench_train(parse_train_options(argc, argv));
     if (argc >= 2 && std::strcmp(argv[1], "mlp-block") == 0) return bench_mlp_block(parse_mlp_block_options(argc, argv));
     if (argc >= 2 && std::strcmp(argv[1], "convs") == 0) return bench_convs(argc, argv);

@@ -63,6 +63,10 @@ int bench_ops_cuda();
 int bench_convs(int argc, char** argv);
 // kiln-bench attention ARGS... (tools/bench_attention.cpp).
 int bench_attention(int argc, char** argv);
+// kiln-bench train --arch bert-*|gpt2-* ARGS... (tools/bench_text.cpp), and whether the
+// command line names such an arch.
+int bench_text_train(int argc, char** argv);
+bool is_text_arch(int argc, char** argv);
 // kiln-bench ddp ARGS... (tools/bench_ddp.cpp).
 int bench_ddp(int argc, char** argv);
 

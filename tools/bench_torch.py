@@ -19,6 +19,13 @@ as kiln-bench train --amp does.
 --arch mlp-block is kiln-bench mlp-block's model instead: --blocks residual blocks
 y = x + fc2(gelu(fc1(layer_norm(x)))) on a [batch, width] input, loss mean(y^2), and
 --optimizer adamw (PyTorch's defaults) or none.
+--arch bert-tiny|bert-mini|bert-base|bert-large|gpt2-tiny|gpt2-mini|gpt2-small is kiln-bench
+train's text models: Hugging Face transformers' BertForMaskedLM or GPT2LMHeadModel at kiln's
+config of that name (HF's initialization, dropout 0.1, attention through PyTorch's sdpa, as
+transformers picks by default) on a synthetic batch of --batch sequences of --seq token ids
+(BERT: 15% of the positions labelled, the rest -100; GPT-2: labels = ids, which HF shifts),
+HF's own loss from labels=, and AdamW (PyTorch's defaults). torch.compile compiles the model
+and its loss together; the update stays eager, as kiln-bench's compiled mode has it.
 --threads sets torch.set_num_threads (tools/bench_vs_torch.py gives kiln and PyTorch the same).
 --device cpu without sizes is a smoke test: batch 2, 32x32 images, 2 steps.
 --dry-run prints the plan as JSON and imports nothing.
@@ -36,7 +43,10 @@ import time
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
-    p.add_argument("--arch", default="resnet50", help="a torchvision.models constructor name, or mlp-block")
+    p.add_argument("--arch", default="resnet50",
+                   help="a torchvision.models constructor name, mlp-block, or a text model (bert-mini, gpt2-small, ...)")
+    p.add_argument("--seq", type=int, default=128, help="text models: tokens per sequence")
+    p.add_argument("--vocab", type=int, default=0, help="text models: vocabulary (0: BERT's 30522, GPT-2's 50257)")
     p.add_argument("--width", type=int, default=1024, help="mlp-block: features per sample")
     p.add_argument("--hidden", type=int, default=0, help="mlp-block: hidden features (0: 4 * width)")
     p.add_argument("--blocks", type=int, default=1, help="mlp-block: blocks in a row")
@@ -71,14 +81,32 @@ def parse_args(argv):
     if not a.modes:
         p.error("--modes: no mode given")
     mlp = a.arch == "mlp-block"
-    a.optimizer = a.optimizer or ("none" if mlp else "sgd")
-    if mlp and a.optimizer == "sgd" or not mlp and a.optimizer != "sgd":
+    text = is_text(a.arch)
+    if text and a.arch not in TEXT_SIZES:
+        p.error(f"--arch {a.arch}: the text models are {', '.join(TEXT_SIZES)}")
+    a.optimizer = a.optimizer or ("none" if mlp else "adamw" if text else "sgd")
+    if text and a.optimizer != "adamw":
+        p.error(f"--optimizer {a.optimizer}: the text models take adamw")
+    if mlp and a.optimizer == "sgd" or not mlp and not text and a.optimizer != "sgd":
         p.error(f"--optimizer {a.optimizer}: the resnets take sgd, mlp-block adamw or none")
     a.hidden = a.hidden or 4 * a.width
-    for name in ("batch", "image_size", "steps", "warmup", "classes", "width", "blocks"):
+    for name in ("batch", "image_size", "steps", "warmup", "classes", "width", "blocks", "seq"):
         if getattr(a, name) < (0 if name == "warmup" else 1):
             p.error(f"--{name.replace('_', '-')} must be positive")
     return a
+
+
+# kiln's configs of these names (models::BertConfig, models::GPT2Config): layers, width,
+# heads, positions. BERT's MLP is 4x its width, as GPT-2's.
+TEXT_SIZES = {
+    "bert-tiny": (2, 128, 2, 512), "bert-mini": (4, 256, 4, 512), "bert-base": (12, 768, 12, 512),
+    "bert-large": (24, 1024, 16, 512),
+    "gpt2-tiny": (2, 128, 2, 512), "gpt2-mini": (4, 256, 4, 512), "gpt2-small": (12, 768, 12, 1024),
+}
+
+
+def is_text(arch):
+    return arch.startswith("bert-") or arch.startswith("gpt2-")
 
 
 def emit(line):
@@ -106,9 +134,47 @@ def mlp_blocks(torch, a):
     return nn.Sequential(*[Block() for _ in range(a.blocks)])
 
 
+def text_workload(torch, a, device):
+    """An HF masked-LM or causal-LM model whose forward(ids) returns HF's loss for the batch."""
+    import transformers
+    transformers.logging.set_verbosity_error()
+    layers, width, heads, positions = TEXT_SIZES[a.arch]
+    bert = a.arch.startswith("bert-")
+    vocab = a.vocab or (30522 if bert else 50257)
+    if bert:
+        config = transformers.BertConfig(vocab_size=vocab, hidden_size=width, num_hidden_layers=layers,
+                                         num_attention_heads=heads, intermediate_size=4 * width,
+                                         max_position_embeddings=positions)
+        lm = transformers.BertForMaskedLM(config)
+    else:
+        config = transformers.GPT2Config(vocab_size=vocab, n_positions=positions, n_embd=width, n_layer=layers,
+                                         n_head=heads, bos_token_id=vocab - 1, eos_token_id=vocab - 1)
+        lm = transformers.GPT2LMHeadModel(config)
+    ids = torch.randint(1, vocab, (a.batch, a.seq), device=device)
+    if bert:
+        chosen = torch.rand(a.batch, a.seq, device=device) < 0.15
+        labels = torch.where(chosen, torch.randint(1, vocab, (a.batch, a.seq), device=device),
+                             torch.full_like(ids, -100))
+    else:
+        labels = ids
+
+    class WithLoss(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lm = lm
+
+        def forward(self, input_ids):
+            return self.lm(input_ids=input_ids, labels=labels).loss
+
+    model = WithLoss().to(device).train()
+    return model, torch.optim.AdamW(model.parameters()), ids, lambda loss: loss
+
+
 def workload(torch, models, a, device):
     """The model, its optimizer (or None), the batch and the loss of the model's output."""
     torch.manual_seed(0)
+    if is_text(a.arch):
+        return text_workload(torch, a, device)
     if a.arch == "mlp-block":
         model = mlp_blocks(torch, a).to(device).train()
         optimizer = torch.optim.AdamW(model.parameters()) if a.optimizer == "adamw" else None
@@ -225,6 +291,10 @@ def run_mode(torch, models, a, mode):
     if a.arch == "mlp-block":
         line.update(width=a.width, hidden=a.hidden, blocks=a.blocks)
         del line["image_size"]
+    elif is_text(a.arch):
+        line.update(seq=a.seq, tokens_per_s=round(1000.0 * a.batch * a.seq / median_ms, 1),
+                    transformers=sys.modules["transformers"].__version__)
+        del line["image_size"]
     else:
         line["memory_format"] = a.memory_format
     if cuda:
@@ -240,7 +310,7 @@ def main(argv):
     plan = {"plan": "bench_torch", "device": a.device, "arch": a.arch, "batch": a.batch,
             "image_size": a.image_size, "classes": a.classes, "steps": a.steps, "warmup": a.warmup,
             "modes": a.modes, "compile_budget_s": a.compile_budget_s, "tf32": not a.no_tf32, "amp": a.amp,
-            "optimizer": a.optimizer, "threads": a.threads,
+            "optimizer": a.optimizer, "threads": a.threads, "seq": a.seq if is_text(a.arch) else None,
             "cudnn_benchmark": a.device == "cuda" and not a.no_cudnn_benchmark}
     if a.dry_run:
         print(json.dumps(plan))
@@ -249,7 +319,7 @@ def main(argv):
     import torch
     if a.threads > 0:
         torch.set_num_threads(a.threads)
-    if a.arch == "mlp-block":
+    if a.arch == "mlp-block" or is_text(a.arch):
         models = None
     else:
         import torchvision.models as models

@@ -38,6 +38,12 @@ CONFIGS = {
     "resnet18-b64-32": {"arch": "resnet18", "batch": 64, "image_size": 32},
     "mlp-block-x4": {"arch": "mlp-block", "batch": 256, "width": 1024, "blocks": 4, "optimizer": "adamw"},
     "resnet50-b32-32": {"arch": "resnet50", "batch": 32, "image_size": 32},
+    # Issue 20's transformers (kiln-bench train --arch bert-*|gpt2-*; PyTorch: transformers'
+    # BertForMaskedLM and GPT2LMHeadModel at the same config): masked-LM and causal-LM steps
+    # with AdamW on synthetic token ids.
+    "bert-mini-b32-128": {"arch": "bert-mini", "batch": 32, "seq": 128},
+    "gpt2-small-b8-128": {"arch": "gpt2-small", "batch": 8, "seq": 128},
+    "gpt2-mini-b16-128": {"arch": "gpt2-mini", "batch": 16, "seq": 128},
 }
 CLASSES = 1000
 MODES = ("pytorch_eager", "torch_compile", "kiln_eager", "kiln_compiled")
@@ -66,9 +72,13 @@ def train_command(config, mode, o):
     """The argv that times `config` in `mode` and prints its JSON line."""
     c = CONFIGS[config]
     mlp = c["arch"] == "mlp-block"
+    text = "seq" in c
     if mode.startswith("kiln"):
         only = "compiled" if mode == "kiln_compiled" else "eager"
-        if mlp:
+        if text:
+            argv = [o.kiln_bench, "train", "--arch", c["arch"], "--batch", c["batch"], "--seq", c["seq"]]
+            argv += ["--compile"] if only == "compiled" else []
+        elif mlp:
             argv = [o.kiln_bench, "mlp-block", "--batch", c["batch"], "--width", c["width"], "--blocks", c["blocks"],
                     "--optimizer", c["optimizer"]]
         else:
@@ -81,7 +91,9 @@ def train_command(config, mode, o):
                 "--batch", c["batch"], "--steps", o.steps, "--warmup", o.warmup, "--threads", o.threads,
                 "--modes", "compiled" if mode == "torch_compile" else "eager",
                 "--compile-budget-s", o.compile_budget_s]
-        if mlp:
+        if text:
+            argv += ["--seq", c["seq"]]
+        elif mlp:
             argv += ["--width", c["width"], "--blocks", c["blocks"], "--optimizer", c["optimizer"]]
         else:
             argv += ["--image-size", c["image_size"], "--classes", CLASSES]
@@ -137,6 +149,8 @@ def summarize_train(config, runs):
         entry = {"median_step_ms": round(step["median"], 2), "min_step_ms": round(step["min"], 2),
                  "max_step_ms": round(step["max"], 2), "rounds_ms": [line["median_step_ms"] for line in ok],
                  "samples_per_s": round(1000.0 * c["batch"] / step["median"], 1), "rounds": len(ok)}
+        if "seq" in c:
+            entry["tokens_per_s"] = round(1000.0 * c["batch"] * c["seq"] / step["median"], 1)
         # kiln's compiled first call and torch.compile's first step both include tracing and
         # code generation; eager modes have no compile time.
         first = [line.get("compile_s") if mode == "torch_compile" else line.get("first_call_s") for line in ok]
@@ -268,7 +282,7 @@ def bench_train(o, log):
 def conv_models(configs):
     """kiln-bench convs' --model values of the ResNet configs."""
     return [f"{c['arch']}:{c['batch']}:{c['image_size']}" for c in (CONFIGS[n] for n in configs)
-            if c["arch"] != "mlp-block"]
+            if "image_size" in c]
 
 
 def bench_convs(o, log):

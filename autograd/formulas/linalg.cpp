@@ -29,8 +29,7 @@ Tensor product_like(const Tensor& like, const Tensor& x, const Tensor& y, Produc
 
 // matmul: a 1-d left operand is a row [1, k], a 1-d right operand a column [k, 1]; the
 // gradient gets those dims back, the products run as batched matmuls, and each operand's
-// gradient is summed over the batch dims it was broadcast along (a right matrix shared by
-// the whole batch: one product over the stacked rows instead).
+// gradient is summed over the batch dims it was broadcast along.
 std::vector<Tensor> matmul_backward(const BackwardContext& c) {
   const Tensor &a = c.input(0), &b = c.input(1);
   const bool a_vector = a.dim() == 1, b_vector = b.dim() == 1;
@@ -45,12 +44,12 @@ std::vector<Tensor> matmul_backward(const BackwardContext& c) {
     out[0] = sum_to(product_like(a2, g, b2.transpose(-1, -2), product), a2.shape()).reshape(a.shape());
   if (c.needs(1)) {
     if (b2.dim() == 2 && a2.dim() > 2) {
-      // A matrix applied to every matrix of a batch (a Linear on [N, L, in]): the sum over
-      // the batch of A_i^T dC_i is one product of the batch's rows stacked, [in, N L] by
-      // [N L, out], rather than N products of [in, out] each and their sum.
-      const Tensor rows = a2.reshape({-1, a2.size(-1)}), grads = g.reshape({-1, g.size(-1)});
-      auto mm_product = [](const Tensor& x, const Tensor& y) { return mm(x, y); };
-      out[1] = product_like(b2, rows.t(), grads, mm_product).reshape(b.shape());
+      // A matrix shared by a stack (a Linear's weight under [N, L, in] inputs): one product
+      // over the stack's rows, [k, rows] @ [rows, n], instead of a product per matrix of
+      // the stack and their sum (the stack's size times the gradient's memory, and a
+      // reduction over it: 2x a BERT step's time on the CPU).
+      const Tensor rows_a = a2.reshape({-1, a2.size(-1)}), rows_g = g.reshape({-1, g.size(-1)});
+      out[1] = product_like(b2, rows_a.transpose(0, 1), rows_g, product).reshape(b.shape());
     } else {
       out[1] = sum_to(product_like(b2, a2.transpose(-1, -2), g, product), b2.shape()).reshape(b.shape());
     }

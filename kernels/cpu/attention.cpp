@@ -14,18 +14,29 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "core/ops/dropout.h"
 #include "core/philox.h"
 #include "core/registry.h"
+#include "kernels/cpu/exp_f32.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/parallel.h"
+#include "kernels/cpu/philox_lanes.h"
 
 namespace kiln::cpu {
 namespace {
 
 using Span = std::span<const Tensor>;
+
+// exp of scores shifted by their running max or log-sum-exp (<= 0): exp_f32 for f32, inline
+// and branchless where expf is a libm call per score; libm's for f64.
+template <class C>
+inline C exp_shifted(C x) {
+  if constexpr (std::is_same_v<C, float>) return exp_f32(x);
+  else return std::exp(x);
+}
 
 constexpr int64_t kRows = 64;  // queries per tile
 constexpr int64_t kCols = 64;  // keys per tile
@@ -120,9 +131,11 @@ struct Problem {
   }
 
   // The dropout factor of probability (b, l, s): keep_scale or 0.
-  C keep(int64_t b, int64_t l, int64_t s) const {
-    const auto i = static_cast<unsigned long long>((b * L + l) * S + s);
-    return philox::dropout_keep(seed, offset, i, static_cast<float>(p)) ? keep_scale : C(0);
+  // The dropout factors (keep_scale or 0) of query l's keys s0 .. s0 + n - 1, into z:
+  // philox's keep test for their counters, kPhiloxLanes at a time.
+  void keep_row(int64_t b, int64_t l, int64_t s0, int64_t n, C* z) const {
+    const auto first = static_cast<uint64_t>((b * L + l) * S + s0);
+    dropout_keep_values<C>(seed, offset, first, n, static_cast<float>(p), keep_scale, C(0), z);
   }
   // Keys of a causal tile of queries from r0 on that can take part: those before r0 + nr.
   int64_t key_end(int64_t r0, int64_t nr) const { return causal ? std::min(S, r0 + nr) : S; }
@@ -159,7 +172,7 @@ void forward(Span in, Span out, const Attrs& attrs) {
   parallel_for(pr.batch * tiles, 1, [&](int64_t begin, int64_t end) {
     constexpr C kNegInf = -std::numeric_limits<C>::infinity();
     std::vector<C> st(static_cast<size_t>(kRows * kCols)), acc(static_cast<size_t>(kRows * Ev)),
-        max(kRows), sum(kRows);
+        max(kRows), sum(kRows), z(kCols);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / tiles, r0 = (task % tiles) * kRows, nr = std::min(kRows, L - r0);
       std::fill(acc.begin(), acc.end(), C(0));
@@ -180,12 +193,13 @@ void forward(Span in, Span out, const Attrs& attrs) {
             std::fill_n(row, nc, C(0));
             continue;
           }
-          const C rescale = std::exp(max[static_cast<size_t>(i)] - m);
+          const C rescale = exp_shifted(max[static_cast<size_t>(i)] - m);
+          if (pr.p > 0) pr.keep_row(b, r0 + i, c0, nc, z.data());
           C s = 0;
           for (int64_t j = 0; j < nc; ++j) {
-            const C e = std::exp(row[j] - m);
+            const C e = exp_shifted(row[j] - m);
             s += e;
-            row[j] = pr.p > 0 ? e * pr.keep(b, r0 + i, c0 + j) : e;
+            row[j] = pr.p > 0 ? e * z[static_cast<size_t>(j)] : e;
           }
           sum[static_cast<size_t>(i)] = sum[static_cast<size_t>(i)] * rescale + s;
           max[static_cast<size_t>(i)] = m;
@@ -242,7 +256,7 @@ void backward(Span in, Span out, const Attrs& attrs) {
   parallel_for(pr.batch, 1, [&](int64_t begin, int64_t end) {
     constexpr C kNegInf = -std::numeric_limits<C>::infinity();
     std::vector<C> prob(static_cast<size_t>(kRows * kCols)), dp(static_cast<size_t>(kRows * kCols)),
-        delta(static_cast<size_t>(L));
+        delta(static_cast<size_t>(L)), zr(kCols);
     for (int64_t b = begin; b < end; ++b) {
       for (int64_t i = 0; i < L; ++i) {
         const C *gi = mg.at(b, i), *oi = mo.at(b, i);
@@ -269,9 +283,10 @@ void backward(Span in, Span out, const Attrs& attrs) {
             C* pi = prob.data() + i * kCols;
             C* dpi = dp.data() + i * kCols;
             const C l = plse[b * L + r0 + i], d = delta[static_cast<size_t>(r0 + i)];
+            if (pr.p > 0) pr.keep_row(b, r0 + i, c0, nc, zr.data());
             for (int64_t j = 0; j < nc; ++j) {
-              const C pij = l == kNegInf ? C(0) : std::exp(pi[j] - l);
-              const C z = pr.p > 0 ? pr.keep(b, r0 + i, c0 + j) : C(1);
+              const C pij = l == kNegInf ? C(0) : exp_shifted(pi[j] - l);
+              const C z = pr.p > 0 ? zr[static_cast<size_t>(j)] : C(1);
               dpi[j] = pij * (dpi[j] * z - d);  // dS
               pi[j] = pij * z;                  // the dropped probabilities
             }

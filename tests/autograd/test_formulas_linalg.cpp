@@ -43,6 +43,25 @@ TEST_CASE("matmul gradients for stacks and broadcast batch dims", "[formulas-ten
   check_grad(kMatmul, {random_leaf({2, 3}), randn({2, 3, 2}, {.dtype = DType::f64})});
 }
 
+TEST_CASE("a matrix shared by a stack gets its gradient from one product, not a stack of them",
+          "[formulas-tensor]") {
+  // A Linear's weight under a [N, L, in] input: the gradient is [in, out] from the stack's
+  // rows at once. Computed per matrix of the stack and summed, it would take the stack's
+  // size times the gradient's memory: the peak during backward tells them apart.
+  check_grad(kMatmul, {random_leaf({2, 3, 2, 3}), random_transposed_leaf({3, 2}, 3)});
+  const int64_t stack = 64, in = 32, out = 48;
+  Tensor x = randn({stack, 2, in}).requires_grad_(), w = randn({out, in}).requires_grad_();
+  Tensor y = matmul(x, w.t());
+  const Tensor dy = randn(y.shape());
+  const int64_t before = memory_stats().allocated;
+  reset_peak_memory();
+  y.backward(dy);
+  const int64_t stacked = stack * in * out * 4;  // bytes of the per-matrix products
+  CHECK(memory_stats().peak - before < stacked / 4);
+  NoGradGuard no_grad;
+  KILN_CHECK_CLOSE(w.grad(), mm(dy.reshape({-1, out}).t().contiguous(), x.reshape({-1, in})), 1e-4, 1e-5);
+}
+
 TEST_CASE("mm and bmm gradients", "[formulas-tensor]") {
   check_grad([](const auto& in) { return mm(in[0], in[1]); },
              {random_leaf({2, 3}), random_transposed_leaf({3, 2})});

@@ -2,6 +2,7 @@
 // under manual_seed, and has the right statistics.
 #include "core/ops/dropout.h"
 #include "core/philox.h"
+#include "kernels/cpu/philox_lanes.h"
 #include "testing.h"
 
 using namespace kiln;
@@ -98,4 +99,47 @@ TEST_CASE("dropout rejects bad input", "[index][dropout]") {
   CHECK_THROWS_WITH(dropout_backward(x, ones({3}), 0.5), Catch::Contains("dropout_backward"));
   CHECK_THROWS_WITH(dropout_backward(x, ones({4}, {.dtype = DType::boolean}), 0.5),
                     Catch::Contains("dropout_backward") && Catch::Contains("[4]"));
+}
+
+TEST_CASE("the vectorized Philox lanes give philox::random4's words, in both builds",
+          "[index][dropout]") {
+  // kernels/cpu/philox_lanes.h, which the dropout and attention kernels draw from: every
+  // lane against the one-counter function, across a carry into the counter's high word and
+  // with a seed using both halves; the plain and (where the CPU has it) AVX-512 builds.
+  const uint64_t seed = 0x123456789ABCDEF0ull;
+  const bool has_wide = [] {
+    try {
+      cpu::set_wide_loops(true);
+      return true;
+    } catch (const Error&) {
+      return false;
+    }
+  }();
+  for (int wide : {0, 1}) {
+    if (wide == 1 && !has_wide) {
+      WARN("this CPU has no AVX-512: one build only");
+      break;
+    }
+    cpu::set_wide_loops(wide == 1);
+    for (uint64_t first : {uint64_t{0}, uint64_t{0xFFFFFFF8u}, uint64_t{1} << 40}) {
+      float kept[37];
+      cpu::dropout_keep_values<float>(seed, 5, first, 37, 0.3f, 2.0f, -1.0f, kept);
+      for (uint64_t j = 0; j < 37; ++j) {
+        const bool keep = philox::uniform_f32(philox::random4(seed, 5 + first + j)) >= 0.3f;
+        INFO("wide " << wide << " first " << first << " lane " << j);
+        CHECK(kept[j] == (keep ? 2.0f : -1.0f));
+      }
+    }
+  }
+  if (has_wide) cpu::set_wide_loops(true);
+  // A tensor past the parallel grain, its counters crossing 2^32: the mask follows the rule.
+  Generator gen(99);
+  gen.set_offset((uint64_t{1} << 32) - 1000);
+  const Tensor x = ones({70001});
+  const Tensor mask = dropout_with_mask(x, 0.5, true, &gen).second;
+  const bool* m = mask.data_ptr<bool>();
+  int64_t wrong = 0;
+  for (uint64_t i = 0; i < 70001; ++i)
+    wrong += m[i] != (philox::uniform_f32(philox::random4(99, (uint64_t{1} << 32) - 1000 + i)) >= 0.5f);
+  CHECK(wrong == 0);
 }

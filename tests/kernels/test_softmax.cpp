@@ -2,6 +2,8 @@
 #include <limits>
 
 #include "core/ops/softmax.h"
+#include "kernels/cpu/exp_f32.h"
+#include "kernels/cpu/wide.h"
 #include "testing.h"
 
 using namespace kiln;
@@ -219,4 +221,77 @@ TEST_CASE("softmax_backward: bad inputs are errors", "[softmax]") {
                     Catch::Contains("softmax_backward") && Catch::Contains("f32[2,3]"));
   CHECK_THROWS_WITH(log_softmax_backward(zeros({2}, {.dtype = DType::i64}), zeros({2}), 0),
                     Catch::Contains("log_softmax_backward") && Catch::Contains("i64[2]"));
+}
+
+TEST_CASE("exp_f32: within 2 ulp of exp over its range, and its edges", "[softmax][exp]") {
+  // Every 97th float from -87.33 to 88.37 (about 500,000 of them, all exponents), against
+  // exp in double: within 2 ulp of the f32 result.
+  double worst = 0;
+  for (float x = -87.33f; x < 88.37f; x = std::nextafter(x, 100.0f)) {
+    for (int skip = 0; skip < 96 && x < 88.37f; ++skip) x = std::nextafter(x, 100.0f);
+    const double exact = std::exp(static_cast<double>(x));
+    const double ulp = std::nextafter(static_cast<float>(exact), 1e39f) - static_cast<float>(exact);
+    worst = std::max(worst, std::abs(cpu::exp_f32(x) - exact) / ulp);
+  }
+  INFO("worst error " << worst << " ulp");
+  CHECK(worst <= 2.0);
+  CHECK(cpu::exp_f32(0.0f) == 1.0f);
+  CHECK(cpu::exp_f32(-std::numeric_limits<float>::infinity()) == 0.0f);
+  CHECK(cpu::exp_f32(-90.0f) == 0.0f);  // below f32's normal range
+  CHECK(std::isinf(cpu::exp_f32(89.0f)));
+  CHECK(std::isinf(cpu::exp_f32(std::numeric_limits<float>::infinity())));
+  CHECK(std::isnan(cpu::exp_f32(std::numeric_limits<float>::quiet_NaN())));
+}
+
+TEST_CASE("softmax: f32 rows as long as a vocabulary, against f64", "[softmax]") {
+  // The vectorized f32 row path (kernels/cpu/softmax.cpp): rows of 30522 (BERT's vocabulary)
+  // and lengths that leave every tail of its 16 lanes; inputs 4 randn, so |x - max| < 32.
+  // f32's x - max rounds by up to 0.5 ulp(32) = 2^-20 absolute, which exp turns into a
+  // relative error; then exp_f32's 2 ulp, and one rounding each of the sum's inverse and the
+  // product: softmax within 2^-20 + 4 * 2^-24 < 1.2e-6 relative (rtol 2e-6). log_softmax:
+  // the same 2^-20, 0.5 ulp of the log of the sum (< 11) and of the result (< 43): 4.3e-6
+  // absolute (atol 5e-6).
+  for (int64_t n : {int64_t{30522}, int64_t{1}, int64_t{15}, int64_t{17}, int64_t{33}}) {
+    const Tensor x = random({3, n}, DType::f32, 4.0);
+    INFO("n " << n);
+    KILN_CHECK_CLOSE(softmax(x, 1), reference_softmax(x, 1, false), 2e-6, 1e-30);
+    KILN_CHECK_CLOSE(log_softmax(x, 1), reference_softmax(x, 1, true), 0.0, 5e-6);
+    const Tensor g = random({3, n}, DType::f32, 1.0);
+    for (bool log : {false, true}) {
+      const Tensor y = log ? log_softmax(x, 1) : softmax(x, 1);
+      // sum(g) (or sum(g y)) in double lanes, rounded once; exp_f32(y) within 2 ulp.
+      KILN_CHECK_CLOSE(log ? log_softmax_backward(g, y, 1) : softmax_backward(g, y, 1),
+                       reference_backward(g, y, 1, log), 1e-5, 1e-6);
+    }
+  }
+}
+
+TEST_CASE("softmax: the f32 rows' AVX-512 build gives the plain build's bits", "[softmax]") {
+  cpu::set_wide_loops(false);
+  const bool has_wide = [] {
+    try {
+      cpu::set_wide_loops(true);
+      return true;
+    } catch (const Error&) {
+      return false;
+    }
+  }();
+  if (!has_wide) {
+    WARN("this CPU has no AVX-512: one build only");
+    return;
+  }
+  const Tensor x = random({4, 1003}, DType::f32), g = random({4, 1003}, DType::f32, 1.0);
+  Tensor out[2][4];
+  for (int wide : {0, 1}) {
+    cpu::set_wide_loops(wide == 1);
+    out[wide][0] = softmax(x, 1);
+    out[wide][1] = log_softmax(x, 1);
+    out[wide][2] = softmax_backward(g, out[wide][0], 1);
+    out[wide][3] = log_softmax_backward(g, out[wide][1], 1);
+  }
+  cpu::set_wide_loops(true);
+  for (int i = 0; i < 4; ++i) {
+    INFO("output " << i);
+    CHECK(testing::same_bits(out[0][i], out[1][i]));
+  }
 }

@@ -77,6 +77,18 @@ class Interleave(unittest.TestCase):
             self.assertEqual(torch[torch.index(option) + 1], v)
         self.assertEqual(bench.environment(3)["OMP_NUM_THREADS"], "3")
 
+    def test_text_configs_pass_the_sequence_length_on_both_sides(self):
+        o = bench.parse_args(["--kiln-bench", "kb", "--python", "py"])
+        kiln = bench.train_command("bert-mini-b32-128", "kiln_compiled", o)
+        self.assertEqual(kiln[:4], ["kb", "train", "--arch", "bert-mini"])
+        self.assertIn("--compile", kiln)
+        self.assertNotIn("--image-size", kiln)
+        torch = bench.train_command("gpt2-small-b8-128", "pytorch_eager", o)
+        for option, v in (("--arch", "gpt2-small"), ("--batch", "8"), ("--seq", "128"), ("--modes", "eager")):
+            self.assertEqual(torch[torch.index(option) + 1], v)
+        self.assertNotIn("--image-size", torch)
+        self.assertEqual(bench.conv_models(["bert-mini-b32-128", "resnet18-b64-32"]), ["resnet18:64:32"])
+
     def test_unknown_configs_and_modes_are_refused(self):
         with self.assertRaises(SystemExit):
             bench.parse_args(["--configs", "resnet9"])
