@@ -4,7 +4,7 @@ BUILD_TYPE ?= Release
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build test train bench bench-torch parity parity-transformers fuzz gpu-deps gpu-check clean
+.PHONY: all deps configure build test train train-bert bench bench-torch parity parity-transformers fuzz gpu-deps gpu-check clean
 
 all: build
 
@@ -38,6 +38,23 @@ train: build
 	  --batch 64 --micro-batch 32 --lr 0.05 --warmup 10 --workers 2 $(TRAIN_COMPILE) \
 	  --zero-init-residual --weight-decay-scope no-norm-bias \
 	  --checkpoint $(BUILD)/train --log $(BUILD)/train/log.jsonl $(TRAIN_ARGS)
+
+# A transformer on text (README, "Train a transformer"): bert-tiny pretrained as a masked
+# LM on WordNet's training glosses (Debian's wordnet-base, which `deps` installs; a WordPiece
+# vocabulary of 4,096 tokens trained on them first): 1,000 steps of 32 blocks of 64 tokens,
+# 40% of the tokens chosen for masking (more to learn from per step than BERT's 15%), AdamW
+# with warmup and linear decay. Then, from that checkpoint, fine-tuned for 400 steps to
+# name a gloss's lexicographer file (45 classes), validated on the held-out glosses. Both
+# compiled; about 3 minutes on a 2-core CPU. Checkpoints, logs and plots go to
+# $(BUILD)/train-bert; BERT_ARGS adds options to both runs.
+BERT_ARGS ?=
+train-bert: build
+	$(BUILD)/bin/kiln-train --arch bert-tiny --task mlm --seq-len 64 --batch 32 --steps 1000 \
+	  --lr 3e-3 --warmup 60 --mlm-probability 0.4 --workers 1 --compile default \
+	  --checkpoint $(BUILD)/train-bert/mlm --log $(BUILD)/train-bert/mlm.jsonl $(BERT_ARGS)
+	$(BUILD)/bin/kiln-train --arch bert-tiny --task classify --init $(BUILD)/train-bert/mlm \
+	  --seq-len 64 --batch 32 --steps 400 --lr 1e-3 --warmup 30 --workers 1 --compile default \
+	  --checkpoint $(BUILD)/train-bert/classify --log $(BUILD)/train-bert/classify.jsonl $(BERT_ARGS)
 
 bench: build
 	$(BUILD)/bin/kiln-bench ops
