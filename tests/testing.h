@@ -12,6 +12,8 @@
 
 #include <kiln.h>
 
+#include "kernels/cpu/wide.h"
+
 namespace kiln::testing {
 
 // Element at a multi-index, as a double (any dtype, any strides).
@@ -174,6 +176,17 @@ inline Tensor random_transposed_leaf(Shape shape, uint64_t seed = 2) {
   Tensor t = transposed_copy(randn(std::move(shape), {.dtype = DType::f64}, &gen));
   t.requires_grad_();
   return t;
+}
+
+// Whether this CPU runs kiln's AVX-512 loops (cpu::set_wide_loops(true) succeeds, and
+// leaves them on); tests comparing the plain and the wide builds' bits run only where so.
+inline bool wide_loops_available() {
+  try {
+    cpu::set_wide_loops(true);
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
 }
 
 }  // namespace kiln::testing

@@ -161,13 +161,7 @@ int bench_train(const TrainBenchOptions& o) {
   // each mode per round, so that a shared machine's drift (seen here: +-20% from one
   // minute to the next) hits every mode alike and the ratios hold. Each block of steps
   // starts with .grad cleared, as an eager step leaves it.
-  struct Mode {
-    std::string name;
-    std::function<void()> step;
-    int64_t warmup;
-    std::vector<double> ms;
-    double peak = 0, first_call_s = 0;
-  };
+  using Mode = StepMode;
   std::vector<Mode> modes;
   modes.push_back({"eager", [&] { train::train_step(*model, sgd, accumulation, x, y, 0.0); }, o.warmup});
   std::optional<compiler::CompiledFunction> compiled, whole, split, graphed, tuned;
@@ -254,20 +248,13 @@ int bench_train(const TrainBenchOptions& o) {
                      t.max_ms));
     return 0;
   }
-  for (Mode& m : modes)
-    for (int64_t i = 0; i < m.warmup; ++i) {
-      const double ms = run(m);
-      if (i == 0) m.first_call_s = ms / 1000.0;
-    }
-  const int64_t rounds = std::min<int64_t>(o.steps, 5);
-  for (int64_t r = 0; r < rounds; ++r)
-    for (Mode& m : modes) {
-      sgd.zero_grad();
-      reset_peak_memory(device.type);
-      const int64_t n = o.steps * (r + 1) / rounds - o.steps * r / rounds;
-      for (int64_t i = 0; i < n; ++i) m.ms.push_back(run(m));
-      m.peak = std::max(m.peak, static_cast<double>(memory_stats(device.type).peak) / 1048576.0);
-    }
+  time_in_rounds(
+      modes, o.steps, run,
+      [&] {
+        sgd.zero_grad();
+        reset_peak_memory(device.type);
+      },
+      [&] { return static_cast<double>(memory_stats(device.type).peak) / 1048576.0; });
   std::vector<TrainTiming> timing;
   for (const Mode& m : modes) timing.push_back({median_of(m.ms), m.peak, m.first_call_s});
 

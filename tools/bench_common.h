@@ -1,7 +1,9 @@
 #pragma once
 // What kiln-bench's subcommands share (tools/bench.cpp, tools/bench_convs.cpp).
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -55,6 +57,39 @@ inline const char* bf16_gemm_name() {
 }
 
 // kiln-bench plan ARGS... (tools/bench_plan.cpp).
+// A way of running a training step that `kiln-bench train` times (eager, compiled, ...).
+struct StepMode {
+  std::string name;
+  std::function<void()> step;
+  int64_t warmup = 0;
+  std::vector<double> ms;             // the timed steps
+  double peak = 0, first_call_s = 0;  // peak MiB over the rounds; the first warm-up call's time
+  const compiler::CompiledFunction* compiled = nullptr;  // its graphs and profile, if compiled
+};
+
+// Warms every mode up (the first call of a compiled mode traces and compiles), then times
+// `steps` steps of each in up to 5 rounds, a few steps of each mode per round, so that a
+// shared machine's drift (+-20% from one minute to the next) hits every mode alike and the
+// ratios hold. `step_ms` runs one step and returns its milliseconds (waiting for a GPU);
+// `start_round` runs before each mode's block of steps, and `peak_mib` after it.
+inline void time_in_rounds(std::vector<StepMode>& modes, int64_t steps,
+                           const std::function<double(StepMode&)>& step_ms,
+                           const std::function<void()>& start_round, const std::function<double()>& peak_mib) {
+  for (StepMode& m : modes)
+    for (int64_t i = 0; i < m.warmup; ++i) {
+      const double ms = step_ms(m);
+      if (i == 0) m.first_call_s = ms / 1000.0;
+    }
+  const int64_t rounds = std::min<int64_t>(steps, 5);
+  for (int64_t r = 0; r < rounds; ++r)
+    for (StepMode& m : modes) {
+      start_round();
+      const int64_t n = steps * (r + 1) / rounds - steps * r / rounds;
+      for (int64_t i = 0; i < n; ++i) m.ms.push_back(step_ms(m));
+      m.peak = std::max(m.peak, peak_mib());
+    }
+}
+
 int bench_plan(int argc, char** argv);
 // kiln-bench ops and ops --device cuda (tools/bench_ops.cpp).
 int bench_ops();

@@ -169,14 +169,7 @@ int bench_text_train(const TextBenchOptions& o) {
     forward_backward({ids, labels});
     adamw.step();
   };
-  struct Mode {
-    std::string name;
-    std::function<void()> step;
-    int64_t warmup;
-    std::vector<double> ms;
-    double peak = 0, first_call_s = 0;
-    const CompiledFunction* compiled = nullptr;
-  };
+  using Mode = StepMode;
   std::vector<Mode> modes;
   modes.push_back({"eager", eager_step, o.warmup});
   std::optional<CompiledFunction> compiled, whole;
@@ -215,26 +208,15 @@ int bench_text_train(const TextBenchOptions& o) {
     modes = std::move(one);
   }
 
-  auto run = [](Mode& mode) {
-    const auto t0 = std::chrono::steady_clock::now();
-    mode.step();
-    return ms_since(t0);
-  };
-  for (Mode& mode : modes)
-    for (int64_t i = 0; i < mode.warmup; ++i) {
-      const double ms = run(mode);
-      if (i == 0) mode.first_call_s = ms / 1000.0;
-    }
-  // As kiln-bench train: the timed steps in rounds, a few of each mode per round, so that a
-  // shared machine's drift hits every mode alike.
-  const int64_t rounds = std::min<int64_t>(o.steps, 5);
-  for (int64_t r = 0; r < rounds; ++r)
-    for (Mode& mode : modes) {
-      reset_peak_memory();
-      const int64_t n = o.steps * (r + 1) / rounds - o.steps * r / rounds;
-      for (int64_t i = 0; i < n; ++i) mode.ms.push_back(run(mode));
-      mode.peak = std::max(mode.peak, static_cast<double>(memory_stats().peak) / 1048576.0);
-    }
+  // As kiln-bench train: the timed steps in rounds, a few of each mode per round.
+  time_in_rounds(
+      modes, o.steps,
+      [](Mode& mode) {
+        const auto t0 = std::chrono::steady_clock::now();
+        mode.step();
+        return ms_since(t0);
+      },
+      [] { reset_peak_memory(); }, [] { return static_cast<double>(memory_stats().peak) / 1048576.0; });
 
   const double eager_ms = modes[0].name == "eager" ? median_of(modes[0].ms) : 0;
   const double eager_peak = modes[0].peak;

@@ -107,14 +107,7 @@ TEST_CASE("the vectorized Philox lanes give philox::random4's words, in both bui
   // lane against the one-counter function, across a carry into the counter's high word and
   // with a seed using both halves; the plain and (where the CPU has it) AVX-512 builds.
   const uint64_t seed = 0x123456789ABCDEF0ull;
-  const bool has_wide = [] {
-    try {
-      cpu::set_wide_loops(true);
-      return true;
-    } catch (const Error&) {
-      return false;
-    }
-  }();
+  const bool has_wide = testing::wide_loops_available();
   for (int wide : {0, 1}) {
     if (wide == 1 && !has_wide) {
       WARN("this CPU has no AVX-512: one build only");

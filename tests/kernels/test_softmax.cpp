@@ -268,14 +268,7 @@ TEST_CASE("softmax: f32 rows as long as a vocabulary, against f64", "[softmax]")
 
 TEST_CASE("softmax: the f32 rows' AVX-512 build gives the plain build's bits", "[softmax]") {
   cpu::set_wide_loops(false);
-  const bool has_wide = [] {
-    try {
-      cpu::set_wide_loops(true);
-      return true;
-    } catch (const Error&) {
-      return false;
-    }
-  }();
+  const bool has_wide = testing::wide_loops_available();
   if (!has_wide) {
     WARN("this CPU has no AVX-512: one build only");
     return;

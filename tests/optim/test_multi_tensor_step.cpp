@@ -160,14 +160,7 @@ TEST_CASE("the AdamW update's AVX-512 build gives the plain build's bits", "[opt
   // without FMA contraction: every operation rounds as in the plain build (and the CUDA
   // kernel), so the results are equal bit for bit, amsgrad and maximize included.
   cpu::set_wide_loops(false);
-  const bool has_wide = [] {
-    try {
-      cpu::set_wide_loops(true);
-      return true;
-    } catch (const Error&) {
-      return false;
-    }
-  }();
+  const bool has_wide = testing::wide_loops_available();
   if (!has_wide) {
     WARN("this CPU has no AVX-512: one build only");
     return;
