@@ -105,6 +105,11 @@ TEST_CASE("the op hook sees every registered op", "[hook][registry]") {
     call_op(find_op("batch_norm_update"), {x, ones({3}), zeros({3}), rm, rv},
             {{"training", true}, {"momentum", 0.1}, {"eps", 1e-5}});
     batch_norm_backward(bn.output, x, ones({3}), bn.save_mean, bn.save_invstd, true, 1e-5);
+    // The compiler's batch norm split (compiler/passes/batch_norm_split.cpp) makes these two;
+    // eager code never calls them.
+    call_op(find_op("batch_norm_train_stats"), {x, ones({3}), zeros({3}), rm, rv},
+            {{"momentum", 0.1}, {"eps", 1e-5}});
+    call_op(find_op("batch_norm_grad_stats"), {bn.output, x, ones({3}), bn.save_mean, bn.save_invstd, Tensor()});
     auto ln = layer_norm_with_stats(x, {4, 4}, {}, {}, 1e-5);
     layer_norm_backward(ln.output, x, {4, 4}, ln.mean, ln.rstd);
 
