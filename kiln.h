@@ -17,6 +17,7 @@
 #include "core/ops/indexing.h"
 #include "core/ops/join.h"
 #include "core/ops/linalg.h"
+#include "core/ops/linear_cross_entropy.h"
 #include "core/ops/loss.h"
 #include "core/ops/norm.h"
 #include "core/ops/pool.h"

@@ -5,6 +5,7 @@
 #include "core/ops/attention.h"
 #include "core/ops/conv.h"
 #include "core/ops/elementwise.h"
+#include "core/ops/linear_cross_entropy.h"
 #include "core/ops/loss.h"
 #include "core/ops/norm.h"
 #include "core/ops/pool.h"
@@ -199,6 +200,24 @@ std::vector<Tensor> cross_entropy_prob_loss_backward_formula(const BackwardConte
   return out;
 }
 
+// linear_cross_entropy(input, weight, bias?, target) -> (loss, correct, log_sum_exp, logits):
+// its backward op reads the saved log_sum_exp and logits workspace, so the logits are not
+// computed again. The target and the integer count carry no gradient.
+std::vector<Tensor> linear_cross_entropy_backward_formula(const BackwardContext& c) {
+  std::vector<Tensor> out(4);
+  const Tensor& g = c.grad(0);
+  if (!g.defined() || !(c.needs(0) || c.needs(1) || c.needs(2))) return out;
+  const LinearCrossEntropyOptions options{.ignore_index = c.attrs.i("ignore_index"),
+                                          .reduction = c.attrs.str("reduction")};
+  LinearCrossEntropyGrads grads = linear_cross_entropy_backward(
+      g.dtype() == c.input_metas[0].dtype ? g : g.to(c.input_metas[0].dtype), c.input(0), c.input(1),
+      c.input_metas[2].defined ? c.input(2) : Tensor(), c.input(3), c.output(2), c.output(3), options);
+  if (c.needs(0)) out[0] = std::move(grads.grad_input);
+  if (c.needs(1)) out[1] = std::move(grads.grad_weight);
+  if (c.needs(2)) out[2] = std::move(grads.grad_bias);
+  return out;
+}
+
 // mse_loss(input, target) broadcasts its operands: d/d input = mse_loss_backward (in the
 // broadcast shape), d/d target its negation, each summed back to its operand's shape.
 std::vector<Tensor> mse_loss_backward_formula(const BackwardContext& c) {
@@ -239,6 +258,8 @@ struct Registrar {
     register_backward("cross_entropy_loss", {.fn = cross_entropy_loss_backward_formula});
     register_backward("cross_entropy_prob_loss", {.fn = cross_entropy_prob_loss_backward_formula});
     register_backward("mse_loss", {.fn = mse_loss_backward_formula});
+    register_backward("linear_cross_entropy",
+                      {.fn = linear_cross_entropy_backward_formula, .saves_outputs = true});
   }
 } registrar;
 

@@ -268,6 +268,17 @@ TEST_CASE("cross_entropy gradients with class probabilities for logits and targe
   }
 }
 
+TEST_CASE("linear_cross_entropy gradients for input, weight and bias", "[formulas-nn]") {
+  const std::string reduction = GENERATE("mean", "sum");
+  // Rows 1 and 4 ignored: their gradient is zero, which the finite differences see too.
+  const Tensor t = index_target({2, -100, 0, 3, -100, 1}, {6});
+  const Tensor x = leaf({6, 3}, 71), w = leaf({4, 3}, 72), b = leaf({4}, 73);
+  CHECK(gradcheck(
+      [&](const Inputs& in) { return linear_cross_entropy(in[0], in[1], in[2], t, {.reduction = reduction}); },
+      {x, w, b}));
+  CHECK(gradcheck([&](const Inputs& in) { return linear_cross_entropy(in[0], in[1], {}, t); }, {x, w}));
+}
+
 TEST_CASE("mse_loss gradients for both operands with broadcasting", "[formulas-nn]") {
   for (const char* reduction : {"none", "mean", "sum"}) {
     CAPTURE(reduction);

@@ -126,6 +126,9 @@ TEST_CASE("the op hook sees every registered op", "[hook][registry]") {
     Tensor probs = softmax(randn({2, 3}), 1);
     Tensor cep = cross_entropy(logits, probs);
     cross_entropy_prob_loss_backward(cep, lsm, probs);
+    Tensor lce_target = zeros({3}, {.dtype = DType::i64});
+    LinearCrossEntropyResult lce = linear_cross_entropy_with_stats(m, randn({5, 4}), Tensor(), lce_target);
+    linear_cross_entropy_backward(lce.loss, m, randn({5, 4}), Tensor(), lce_target, lce.log_sum_exp, lce.logits);
     Tensor mse = mse_loss(m, m);
     mse_loss_backward(mse, m, m);
 
