@@ -264,7 +264,14 @@ std::shared_ptr<Program> build_program(const Graph& traced, const CompileOptions
                "kiln::compile: KILN_BATCH_NORM_SPLIT must be cuda, always or never, got '{}'", v);
     split = v == "always" ? BatchNormSplit::always : v == "never" ? BatchNormSplit::never : BatchNormSplit::cuda;
   }
-  Graph optimized = run_pipeline(traced, default_compile_passes(options.layout, split), &records, false);
+  bool linear_cross_entropy = options.linear_cross_entropy;
+  if (const char* env = std::getenv("KILN_LINEAR_CROSS_ENTROPY"); env && *env) {
+    const std::string v = env;
+    KILN_CHECK(v == "0" || v == "1", "kiln::compile: KILN_LINEAR_CROSS_ENTROPY must be 0 or 1, got '{}'", v);
+    linear_cross_entropy = v == "1";
+  }
+  Graph optimized = run_pipeline(traced, default_compile_passes(options.layout, split, linear_cross_entropy),
+                                 &records, false);
   if (dump) {
     dump_file(options.dump_dir, number, "simplified.ir", print(optimized));
     dump_file(options.dump_dir, number, "passes.txt", timing_table(records));

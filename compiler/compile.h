@@ -103,6 +103,11 @@ struct CompileOptions {
   // never. The environment's KILN_BATCH_NORM_SPLIT=cuda|always|never overrides it (how the
   // CPU choice was measured with kiln-bench).
   BatchNormSplit batch_norm_split = BatchNormSplit::cuda;
+  // Whether a language model's head and loss (matmul, bias, log_softmax, nll_loss and their
+  // backward) become linear_cross_entropy, whose products skip ignored targets
+  // (fuse_linear_cross_entropy, compiler/passes/passes.h). The environment's
+  // KILN_LINEAR_CROSS_ENTROPY=0|1 overrides it (to measure the choice).
+  bool linear_cross_entropy = true;
   // Time every step of the generated programs (see CompiledFunction::profile); also on when
   // the environment sets KILN_PROFILE=1.
   bool profile = false;

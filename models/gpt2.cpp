@@ -10,6 +10,7 @@
 #include "core/ops/attention.h"
 #include "core/ops/elementwise.h"
 #include "core/ops/factory.h"
+#include "core/ops/join.h"
 #include "core/ops/linalg.h"
 #include "core/ops/loss.h"
 #include "models/init.h"
@@ -170,9 +171,15 @@ Tensor causal_lm_loss(const Tensor& logits, const Tensor& labels) {
              "and {}",
              logits.defined() ? logits.meta_str() : "undefined",
              labels.defined() ? labels.meta_str() : "undefined");
+  // The targets move left instead of the logits: position i predicts labels[i + 1], and
+  // the last position, which has nothing to predict, gets ignore_index. The same loss (the
+  // mean over the same targets) without copying the [N, L - 1, V] logits, and the head and
+  // loss stay one chain that the compiler fuses (compiler/passes/linear_cross_entropy.cpp).
   const int64_t L = logits.size(1), V = logits.size(2);
-  return cross_entropy(logits.slice(1, 0, L - 1).reshape({-1, V}),
-                       labels.slice(1, 1, L).reshape({-1}), {.ignore_index = -100});
+  const Tensor shifted = cat({labels.slice(1, 1, L), full({labels.size(0), 1}, int64_t{-100},
+                                                           {.dtype = DType::i64, .device = labels.device()})},
+                             1);
+  return cross_entropy(logits.reshape({-1, V}), shifted.reshape({-1}), {.ignore_index = -100});
 }
 
 }  // namespace kiln::models

@@ -116,9 +116,9 @@ class GPT2LMHeadModel : public nn::Module {
   GPT2Model transformer_;
 };
 
-// The causal-LM loss of HF's GPT2LMHeadModel: position i's logits predict labels[i + 1],
-// so logits [N, L, V] lose their last position and labels i64 [N, L] (usually input_ids)
-// their first; mean cross entropy over the labels that are not -100. The data layer's
+// The causal-LM loss of HF's GPT2LMHeadModel: position i's logits predict labels[i + 1]
+// (labels i64 [N, L], usually input_ids, shifted left with -100 after the last, as HF's
+// loss does it now); mean cross entropy over the labels that are not -100. The data layer's
 // CausalLM targets are shifted already: give those to cross_entropy directly.
 Tensor causal_lm_loss(const Tensor& logits, const Tensor& labels);
 

@@ -37,15 +37,19 @@ std::vector<NamedPass> default_simplify_passes() {
   return {{"fold_constants", fold_constants}, {"simplify", simplify}, {"dead_code", dead_code}};
 }
 
-std::vector<NamedPass> default_compile_passes(LayoutPolicy layout, BatchNormSplit batch_norm) {
-  return {{"fold_constants", fold_constants},
-          {"simplify", simplify},
-          {"decompose", decompose},
+std::vector<NamedPass> default_compile_passes(LayoutPolicy layout, BatchNormSplit batch_norm,
+                                              bool linear_cross_entropy) {
+  std::vector<NamedPass> passes{{"fold_constants", fold_constants}, {"simplify", simplify}};
+  if (linear_cross_entropy) passes.push_back({"fuse_linear_cross_entropy", fuse_linear_cross_entropy});
+  for (NamedPass& pass : std::vector<NamedPass>{
+           {"decompose", decompose},
           {"gemm_epilogues", gemm_epilogues},
           {"layout", [layout](const Graph& g, RewriteLog* log) { return choose_layout(g, layout, log); }},
           {"split_batch_norm",
            [batch_norm](const Graph& g, RewriteLog* log) { return split_batch_norm(g, batch_norm, log); }},
-          {"dead_code", dead_code}};
+          {"dead_code", dead_code}})
+    passes.push_back(std::move(pass));
+  return passes;
 }
 
 std::string timing_table(const std::vector<PassRecord>& records) {

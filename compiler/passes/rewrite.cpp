@@ -104,14 +104,9 @@ Graph Rewriter::run() {
   KILN_CHECK(!done_, "rewrite: a Rewriter runs once");
   done_ = true;
   const std::vector<Node>& nodes = source_.nodes();
-  std::vector<Values> mapped(nodes.size());
-  auto map = [&](Value v) -> Value {
-    if (!v.defined()) return v;
-    const Values& m = mapped.at(static_cast<size_t>(v.node));
-    KILN_CHECK(static_cast<size_t>(v.output) < m.size(),
-               "rewrite: node {} reads %{}, which this rebuild dropped", v.node, source_.value_number(v));
-    return m[static_cast<size_t>(v.output)];
-  };
+  std::vector<Values>& mapped = mapped_;
+  mapped.assign(nodes.size(), {});
+  auto map = [&](Value v) { return this->mapped(v); };
   int64_t old_number = 0;
   for (size_t i = 0; i < nodes.size(); ++i) {
     const Node& node = nodes[i];
@@ -149,6 +144,15 @@ Graph Rewriter::run() {
   out_.set_outputs(std::move(outputs));
   for (const auto& [input, value] : source_.write_backs()) out_.add_write_back(map(input), as_before(value));
   return std::move(out_);
+}
+
+Value Rewriter::mapped(Value old) const {
+  if (!old.defined()) return old;
+  const Values& m = mapped_.at(static_cast<size_t>(old.node));
+  KILN_CHECK(static_cast<size_t>(old.output) < m.size(),
+             "rewrite: %{} of the old graph has no value in the new one (dropped, or not placed yet)",
+             source_.value_number(old));
+  return m[static_cast<size_t>(old.output)];
 }
 
 Graph rewrite(const Graph& graph, const std::vector<Rule>& rules, RewriteLog* log) {

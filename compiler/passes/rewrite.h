@@ -85,6 +85,9 @@ class Rewriter {
   Value add_constant(Scalar value, TensorType type) { return out_.add_constant(value, std::move(type)); }
   Values add_op(std::string_view op, Values inputs, Attrs attrs = {}, std::string source = {});
   Value add_op1(std::string_view op, Values inputs, Attrs attrs = {}, std::string source = {});
+  // The new graph's value for a value of the old graph already placed (a node before the one
+  // being rewritten): for rules that replace a node by work on values it does not read.
+  Value mapped(Value old) const;
 
  private:
   Values place(const Candidate& candidate);
@@ -95,6 +98,7 @@ class Rewriter {
   RewriteLog* log_;
   const std::vector<bool>* keep_;
   Graph out_;
+  std::vector<Values> mapped_;  // per old node: its values in out_ (empty until placed)
   int depth_ = 0;
   bool done_ = false;
   bool relaxed_layout_ = false;

@@ -43,17 +43,25 @@ std::vector<int64_t> counted_rows(const Tensor& target, int64_t classes, int64_t
   return rows;
 }
 
+// A scratch tensor: from the CPU block cache, so that a step's large temporaries (G is
+// [R, V]) are not fresh pages at every call.
+Tensor scratch(int64_t rows, int64_t cols, const Tensor& like) {
+  return make_tensor({rows, cols}, like.dtype(), like.device());
+}
+
 // The counted rows of x ([M, H], contiguous) packed into [R, H]; x itself when every row counts.
 template <class T>
-const T* packed_rows(const T* x, int64_t h, const std::vector<int64_t>& rows, int64_t m, std::vector<T>& buffer) {
-  if (static_cast<int64_t>(rows.size()) == m) return x;
-  buffer.resize(rows.size() * static_cast<size_t>(h));
-  const int64_t r_count = static_cast<int64_t>(rows.size());
+const T* packed_rows(const Tensor& x, const std::vector<int64_t>& rows, Tensor& buffer) {
+  const int64_t m = x.size(0), h = x.size(1), r_count = static_cast<int64_t>(rows.size());
+  if (r_count == m) return x.data_ptr<T>();
+  buffer = scratch(r_count, h, x);
+  const T* px = x.data_ptr<T>();
+  T* pb = buffer.data_ptr<T>();
   parallel_for(r_count, std::max<int64_t>(1, kGrain / std::max<int64_t>(h, 1)), [&](int64_t b, int64_t e) {
     for (int64_t r = b; r < e; ++r)
-      std::memcpy(buffer.data() + r * h, x + rows[static_cast<size_t>(r)] * h, static_cast<size_t>(h) * sizeof(T));
+      std::memcpy(pb + r * h, px + rows[static_cast<size_t>(r)] * h, static_cast<size_t>(h) * sizeof(T));
   });
-  return buffer.data();
+  return pb;
 }
 
 // c[R, V] = a[R, H] @ w[V, H]^T (zeros when H is 0: no GEMM is asked for an empty sum).
@@ -135,8 +143,8 @@ void forward(Span in, Span out, const Attrs& attrs) {
   std::vector<uint8_t> row_correct(rows.size());
   visit_floating(x.dtype(), "linear_cross_entropy", [&]<class T>() {
     if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-      std::vector<T> packed;
-      const T* xa = packed_rows(x.data_ptr<T>(), h, rows, m, packed);
+      Tensor packed;
+      const T* xa = packed_rows<T>(x, rows, packed);
       T* logits = out[3].data_ptr<T>();
       product(xa, w.data_ptr<T>(), logits, r_count, v, h);
       if (v == 0) return;
@@ -195,12 +203,13 @@ void backward(Span in, Span out, const Attrs& attrs) {
       if (attrs.str("reduction") == "mean") scale /= static_cast<double>(r_count);
       const T s = static_cast<T>(scale);
       // G = s * softmax(logits) - s * onehot(target), row by row.
-      std::vector<T> g(static_cast<size_t>(r_count * v));
+      const Tensor g_t = scratch(r_count, v, x);
+      T* g = g_t.data_ptr<T>();
       const T* logits = logits_t.data_ptr<T>();
       parallel_for(r_count, std::max<int64_t>(1, kGrain / v), [&](int64_t begin, int64_t end) {
         for (int64_t r = begin; r < end; ++r) {
           const T* l = logits + r * v;
-          T* gr = g.data() + r * v;
+          T* gr = g + r * v;
           const T row_lse = static_cast<T>(lse[rows[static_cast<size_t>(r)]]);
           plain_or_wide<T>([&]() __attribute__((always_inline)) {
             for (int64_t k = 0; k < v; ++k) {
@@ -213,17 +222,21 @@ void backward(Span in, Span out, const Attrs& attrs) {
           gr[t[rows[static_cast<size_t>(r)]]] -= s;
         }
       });
-      std::vector<T> packed;
-      const T* xa = packed_rows(x.data_ptr<T>(), h, rows, m, packed);
+      Tensor packed;
+      const T* xa = packed_rows<T>(x, rows, packed);
       if (h > 0) {
-        // grad_input's counted rows, then grad_weight = G^T @ rows.
-        std::vector<T> dxa(static_cast<size_t>(r_count * h));
-        gemm(false, false, r_count, h, v, T(1), g.data(), v, w.data_ptr<T>(), h, T(0), dxa.data(), h);
-        parallel_for(r_count, std::max<int64_t>(1, kGrain / h), [&](int64_t begin, int64_t end) {
-          for (int64_t r = begin; r < end; ++r)
-            std::memcpy(dx + rows[static_cast<size_t>(r)] * h, dxa.data() + r * h, static_cast<size_t>(h) * sizeof(T));
-        });
-        gemm(true, false, v, h, r_count, T(1), g.data(), v, xa, h, T(0), dw, h);
+        // grad_input's counted rows (straight into dx when every row counts), then
+        // grad_weight = G^T @ rows.
+        const bool all_rows = r_count == m;
+        const Tensor dxa_t = all_rows ? Tensor() : scratch(r_count, h, x);
+        T* dxa = all_rows ? dx : dxa_t.data_ptr<T>();
+        gemm(false, false, r_count, h, v, T(1), g, v, w.data_ptr<T>(), h, T(0), dxa, h);
+        if (!all_rows)
+          parallel_for(r_count, std::max<int64_t>(1, kGrain / h), [&](int64_t begin, int64_t end) {
+            for (int64_t r = begin; r < end; ++r)
+              std::memcpy(dx + rows[static_cast<size_t>(r)] * h, dxa + r * h, static_cast<size_t>(h) * sizeof(T));
+          });
+        gemm(true, false, v, h, r_count, T(1), g, v, xa, h, T(0), dw, h);
       }
       // grad_bias: column sums in f64, rows in order, a block of columns per task.
       constexpr int64_t kColumns = 256;
@@ -235,7 +248,7 @@ void backward(Span in, Span out, const Attrs& attrs) {
                        const int64_t c0 = blk * kColumns, nc = std::min(kColumns, v - c0);
                        std::fill_n(acc, nc, 0.0);
                        for (int64_t r = 0; r < r_count; ++r) {
-                         const T* gr = g.data() + r * v + c0;
+                         const T* gr = g + r * v + c0;
                          for (int64_t c = 0; c < nc; ++c) acc[c] += static_cast<double>(gr[c]);
                        }
                        for (int64_t c = 0; c < nc; ++c) db[c0 + c] = static_cast<T>(acc[c]);

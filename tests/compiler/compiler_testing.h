@@ -133,11 +133,12 @@ inline std::string sgd_variant_text(const SgdVariant& v) {
 
 // Runs `loss_of(model, args)` + backward + SGD as a compiled step on one model and eagerly on
 // another built the same way, three times, and checks that the losses and every parameter
-// after each step are the same bits. Returns the compiled function for further checks.
+// after each step are the same bits. `options` are kiln::compile's (fullgraph and the
+// parameter names are set here). Returns the compiled function for further checks.
 template <class Model>
 compiler::CompiledFunction check_step(const std::function<Model()>& make,
                             const std::function<Tensor(Model&, const std::vector<Tensor>&)>& loss_of,
-                            const std::vector<Tensor>& args) {
+                            const std::vector<Tensor>& args, compiler::CompileOptions options = {}) {
   auto model = std::make_shared<Model>(make());
   auto reference = std::make_shared<Model>(make());
   optim::SGD sgd(model->parameters(), {.lr = 0.1}),
@@ -150,8 +151,9 @@ compiler::CompiledFunction check_step(const std::function<Model()>& make,
       return {loss.detach()};
     };
   };
-  compiler::CompiledFunction compiled =
-      compiler::compile(step_of(model, sgd), {.fullgraph = true, .trace = compiler::module_names(*model)});
+  options.fullgraph = true;
+  options.trace = compiler::module_names(*model);
+  compiler::CompiledFunction compiled = compiler::compile(step_of(model, sgd), options);
   const compiler::TracedFunction eager = step_of(reference, reference_sgd);
   for (int call = 0; call < 3; ++call) {
     INFO("call " << call);
