@@ -215,7 +215,8 @@ else
   record tests-tools-cuda "FAIL (not built)" 0
 fi
 # The NCCL backend (tests/dist/test_nccl.cpp): every collective of one rank through NCCL,
-# backend auto, DDP steps on CUDA; the 2-rank cases where 2 GPUs are visible. A case that
+# backend auto, DDP steps on CUDA; SyncBatchNorm's statistics through NCCL against cuDNN's
+# batch norm (test_sync_batch_norm_nccl.cpp); the 2-rank cases where 2 GPUs are visible. A case that
 # cannot run says why ("skipped: ...", copied into the log).
 if [[ " ${TARGETS[*]} " != *" kiln-tests-dist "* ]]; then
   record tests-nccl "skipped: not in GPU_CHECK_TARGETS" 0
