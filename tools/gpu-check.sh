@@ -15,7 +15,8 @@
 # GPU_CHECK_BUILD (build-gpu), GPU_CHECK_CMAKE_FLAGS (extra configure flags),
 # GPU_CHECK_BUILD_S (330, the build step's limit), KILN_BENCH_ARGS, TORCH_BENCH_ARGS,
 # BERT_BENCH_ARGS (the BERT-base lines' model and sizes, given to kiln-bench and bench_torch.py
-# alike), GPU_CHECK_SKIP_BERT=1 (no BERT lines),
+# alike), GPU_CHECK_SKIP_BERT=1 (no BERT lines), GPU_CHECK_SKIP_RESNET=1 (no ResNet-50 lines,
+# kiln's or PyTorch's: the budget left to the BERT lines),
 # GPU_CHECK_FORCE_GPU=0|1 (overrides the GPU detection), GPU_CHECK_SKIP_TORCH=1 (no PyTorch
 # baseline), GPU_CHECK_SKIP_PLAN=1 (no cost-model lines), GPU_CHECK_CORE_TESTS=1 (the core tests too), GPU_CHECK_TARGETS (what to build;
 # a step whose program was not built is skipped or failed as such).
@@ -239,6 +240,8 @@ fi
 # --- 4. kiln's training benchmark on the GPU -----------------------------------------------------
 if [ "$HAVE_GPU" != 1 ]; then
   record bench-kiln "skipped: no GPU" 0
+elif [ "${GPU_CHECK_SKIP_RESNET:-0}" = 1 ]; then
+  record bench-kiln "skipped: GPU_CHECK_SKIP_RESNET=1" 0
 elif [[ " ${TARGETS[*]} " != *" kiln-bench "* ]]; then
   record bench-kiln "skipped: not in GPU_CHECK_TARGETS" 0
 elif [ ! -x "$BUILD/bin/kiln-bench" ]; then
@@ -275,6 +278,8 @@ fi
 # --- 5. The PyTorch baseline ---------------------------------------------------------------
 if [ "$HAVE_GPU" != 1 ]; then
   record bench-pytorch "skipped: no GPU" 0
+elif [ "${GPU_CHECK_SKIP_RESNET:-0}" = 1 ]; then
+  record bench-pytorch "skipped: GPU_CHECK_SKIP_RESNET=1" 0
 elif [ "${GPU_CHECK_SKIP_TORCH:-0}" = 1 ]; then
   record bench-pytorch "skipped: GPU_CHECK_SKIP_TORCH=1" 0
 else
@@ -341,7 +346,7 @@ fi
 # and channels-last in TF32 at batch 128, bf16 channels-last at 256, for the GPU found here.
 # docs/cuda.md, "The cost model", compares them with the measured steps. Last, since it
 # measures nothing on the GPU; GPU_CHECK_SKIP_PLAN=1 leaves it out.
-if [ "${GPU_CHECK_SKIP_PLAN:-0}" != 1 ] && [ -x "$BUILD/bin/kiln-bench" ]; then
+if [ "${GPU_CHECK_SKIP_PLAN:-0}" != 1 ] && [ "${GPU_CHECK_SKIP_RESNET:-0}" != 1 ] && [ -x "$BUILD/bin/kiln-bench" ]; then
   case "$(timeout 30 nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)" in
     *H100*) PLAN_GPU=h100 ;;
     *A100*) PLAN_GPU=a100 ;;
