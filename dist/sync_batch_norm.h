@@ -50,8 +50,9 @@ class SyncBatchNorm : public nn::BatchNormBase {
 // updating running_mean and running_var (when defined) with them; the layer's arithmetic,
 // which in a group of one rank still runs its all-reduces (a test of the collectives' path).
 // Every rank must call it, and run its backward, in the same order.
-Tensor sync_batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
-                       const Tensor& running_var, double momentum, double eps, ProcessGroup& group);
+Tensor sync_batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                       const Tensor& running_mean, const Tensor& running_var, double momentum,
+                       double eps, ProcessGroup& group);
 
 // Makes every BatchNorm1d, BatchNorm2d and SyncBatchNorm layer of `module` (itself
 // included) take its training statistics over the group's ranks, in place: the layers

@@ -46,15 +46,17 @@ double max_relative(const Tensor& a, const Tensor& b) {
 
 // Three training steps of batch norm on `device` (the running statistics move, so the
 // shift by the running mean matters), sync_batch_norm through `group` against batch_norm.
-void check_against_batch_norm(dist::ProcessGroup& group, Device device, const Shape& shape, DType dtype,
-                              bool affine, bool channels_last = false) {
-  INFO("input " << shape_str(shape) << " " << fmt::format("{}", dtype) << " on " << fmt::format("{}", device)
-                << (affine ? ", affine" : "") << (channels_last ? ", channels-last" : ""));
+void check_against_batch_norm(dist::ProcessGroup& group, Device device, const Shape& shape,
+                              DType dtype, bool affine, bool channels_last = false) {
+  INFO("input " << shape_str(shape) << " " << fmt::format("{}", dtype) << " on "
+                << fmt::format("{}", device) << (affine ? ", affine" : "")
+                << (channels_last ? ", channels-last" : ""));
   const double tol = dtype == DType::f64 ? 1e-10 : 1e-4;
   const int64_t channels = shape[1];
   const TensorOptions on{.dtype = dtype, .device = device};
   manual_seed(5);
-  const Tensor w0 = randn({channels}).to(dtype).to(device), b0 = randn({channels}).to(dtype).to(device);
+  const Tensor w0 = randn({channels}).to(dtype).to(device),
+               b0 = randn({channels}).to(dtype).to(device);
   Tensor w_ref, b_ref, w, b;
   if (affine) {
     w_ref = w0.clone().requires_grad_(true);
@@ -118,12 +120,14 @@ TEST_CASE("sync_batch_norm through Gloo on one rank equals batch_norm on the CPU
     return;
   }
   check_cases(*group, Device::cpu());
-  check_against_batch_norm(*group, Device::cpu(), {8, 3, 4, 4}, DType::f32, true, /*channels_last=*/true);
+  check_against_batch_norm(*group, Device::cpu(), {8, 3, 4, 4}, DType::f32, true,
+                           /*channels_last=*/true);
   // A parameter that does not fit is named with both tensors, before any collective.
   const int64_t before = group->counts().all_reduce;
-  CHECK_THROWS_WITH(
-      dist::sync_batch_norm(ones({4, 3, 2, 2}), ones({4}), Tensor(), Tensor(), Tensor(), 0.1, 1e-5, *group),
-      Catch::Contains("SyncBatchNorm: weight f32[4] cpu does not fit input f32[4,3,2,2] cpu: expected [3] on cpu"));
+  CHECK_THROWS_WITH(dist::sync_batch_norm(ones({4, 3, 2, 2}), ones({4}), Tensor(), Tensor(),
+                                          Tensor(), 0.1, 1e-5, *group),
+                    Catch::Contains("SyncBatchNorm: weight f32[4] cpu does not fit input "
+                                    "f32[4,3,2,2] cpu: expected [3] on cpu"));
   CHECK(group->counts().all_reduce == before);
 }
 
@@ -133,7 +137,9 @@ TEST_CASE("sync_batch_norm through NCCL on one GPU equals batch_norm on CUDA", "
     return;
   }
   if (find_op("batch_norm").kernels[static_cast<size_t>(DeviceType::cuda)] == nullptr) {
-    WARN("skipped: this kiln was built without cuDNN, so batch_norm (the reference) has no CUDA kernel");
+    WARN(
+        "skipped: this kiln was built without cuDNN, so batch_norm (the reference) has no CUDA "
+        "kernel");
     return;
   }
   dist::ProcessGroup group(
@@ -141,5 +147,6 @@ TEST_CASE("sync_batch_norm through NCCL on one GPU equals batch_norm on CUDA", "
   REQUIRE(group.backend() == "nccl");
   check_cases(group, Device::cuda(0));
   // cuDNN takes channels-last input as it is (NHWC descriptors).
-  check_against_batch_norm(group, Device::cuda(0), {8, 3, 4, 4}, DType::f32, true, /*channels_last=*/true);
+  check_against_batch_norm(group, Device::cuda(0), {8, 3, 4, 4}, DType::f32, true,
+                           /*channels_last=*/true);
 }
