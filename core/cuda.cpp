@@ -21,6 +21,7 @@ std::string unavailable_reason() { return "this build of kiln has no CUDA backen
 std::string DeviceProperties::arch() const { return "sm_" + std::to_string(major * 10 + minor); }
 DeviceProperties device_properties(int) { unavailable("cuda::device_properties"); }
 void synchronize(int) { unavailable("cuda::synchronize"); }
+void set_device(int) { unavailable("cuda::set_device"); }
 void Stream::synchronize() const { unavailable("cuda::Stream::synchronize"); }
 Stream current_stream(int) { unavailable("cuda::current_stream"); }
 Stream new_stream(int) { unavailable("cuda::new_stream"); }

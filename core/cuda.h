@@ -33,6 +33,14 @@ DeviceProperties device_properties(int device = 0);
 
 // Waits for all work queued on the device (every stream).
 void synchronize(int device = 0);
+// Makes cuda:`device` current on the calling thread (as torch.cuda.set_device), and the
+// device whose context pinned memory is allocated and freed in, on any thread. kiln's ops
+// run on their tensors' device either way; what this changes is where CUDA calls outside an
+// op go (cudaHostAlloc in a loader's workers, a stream's synchronize): to the thread's
+// current device, cuda:0 unless set, which gives every process a context there. A process
+// that works on cuda:n alone (a data-parallel rank) calls it first. kiln::Error naming the
+// device where it is not available.
+void set_device(int device);
 
 // A stream of device `device`. kiln queues each device's work on its current stream,
 // which is a non-blocking stream kiln creates per device (not the legacy default stream)

@@ -22,9 +22,12 @@
 // ordinary ops around the all-reduce, so it costs more memory traffic than the fused
 // batch_norm kernels.
 //
+// CPU tensors take their all-reduces through Gloo, CUDA tensors through NCCL (backend
+// "nccl" or "auto"): the statistics are summed on the device, and a CUDA step reads nothing
+// back to the host unless some rank's shard has a single value per channel.
+//
 // Not (yet): under kiln::compile (the all-reduces would not be part of the compiled
-// program; the layer raises a kiln::Error while traced), CUDA tensors (NCCL would carry its
-// all-reduces, but that is not tested yet: the layer refuses them).
+// program; the layer raises a kiln::Error while traced).
 #include <memory>
 #include <string>
 
@@ -42,6 +45,14 @@ class SyncBatchNorm : public nn::BatchNormBase {
   explicit SyncBatchNorm(int64_t num_features, nn::BatchNormOptions options = {},
                          ProcessGroup* group = nullptr);
 };
+
+// Training-mode batch norm of x ([N, C, ...]) with its statistics over the group's ranks,
+// updating running_mean and running_var (when defined) with them; the layer's arithmetic,
+// which in a group of one rank still runs its all-reduces (a test of the collectives' path).
+// Every rank must call it, and run its backward, in the same order.
+Tensor sync_batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                       const Tensor& running_mean, const Tensor& running_var, double momentum,
+                       double eps, ProcessGroup& group);
 
 // Makes every BatchNorm1d, BatchNorm2d and SyncBatchNorm layer of `module` (itself
 // included) take its training statistics over the group's ranks, in place: the layers

@@ -1,7 +1,8 @@
 // kiln-bench train --arch bert-*|gpt2-*: the transformer models' training step on a
 // synthetic batch of token ids (BERT: masked-LM loss over 15% of the positions; GPT-2: the
-// causal-LM loss), AdamW, eager against compiled in one run. tools/bench.cpp dispatches
-// here; tools/bench_vs_torch.py runs it against tools/bench_torch.py's same models.
+// causal-LM loss), AdamW, eager against compiled in one run, on the CPU or a GPU
+// (--device cuda). tools/bench.cpp dispatches here; tools/bench_vs_torch.py runs it against
+// tools/bench_torch.py's same models on the CPU, make gpu-check (tools/gpu-check.sh) on a GPU.
 #include <algorithm>
 #include <chrono>
 #include <functional>
@@ -27,11 +28,12 @@ namespace {
 
 struct TextBenchOptions {
   std::string arch = "bert-mini";
+  std::string device = "cpu";  // or "cuda": the model, the batch and the steps on GPU 0
   int64_t batch = 32, seq = 128, vocab = 0, steps = 10, warmup = 2;  // vocab 0: the model's own
   bool compile = false;   // also time the compiled modes, in the same run
   bool profile = false;   // where the time goes, per op (eager) and per kernel (compiled), on stderr
   bool dropout = true;    // the configs' dropout (0.1, as HF's); --no-dropout turns it off
-  std::string only;       // time this one mode alone (empty: all)
+  std::vector<std::string> only;  // time these modes alone (empty: all)
 };
 
 bool is_bert(const std::string& arch) { return arch.starts_with("bert-"); }
@@ -87,6 +89,16 @@ TextModel make_text_model(const TextBenchOptions& o) {
   return m;
 }
 
+// "eager,compiled" as {"eager", "compiled"} (empty items dropped).
+std::vector<std::string> split_list(const std::string& list) {
+  std::vector<std::string> items;
+  for (const auto piece : std::views::split(list, ',')) {
+    std::string item(piece.begin(), piece.end());
+    if (!item.empty()) items.push_back(std::move(item));
+  }
+  return items;
+}
+
 double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -94,16 +106,21 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 // Where an eager step's time goes: the time from the end of one op to the end of the next
 // charged to the latter (its kernel and the host work before it), summed per op and output
 // shape, the least of three steps (a shared machine's other processes only add time), on
-// stderr.
-void profile_eager_step(const std::function<void()>& step) {
+// stderr. On a GPU the device is synchronized after every op, so each op's time is its own.
+void profile_eager_step(const std::function<void()>& step, Device device) {
+  auto wait = [device] {
+    if (device.is_cuda()) cuda::synchronize(device.index);
+  };
   std::map<std::string, std::pair<double, int64_t>> best;  // ms, calls
   double best_total = 0;
   for (int run = 0; run < 3; ++run) {
     std::map<std::string, std::pair<double, int64_t>> per_op;
+    wait();
     auto last = std::chrono::steady_clock::now();
     const auto start = last;
     {
       OpHookGuard hook([&](const OpCall& call) {
+        wait();
         const auto now = std::chrono::steady_clock::now();
         std::string key = call.op.name;
         if (!call.outputs.empty() && call.outputs[0].defined())
@@ -114,6 +131,7 @@ void profile_eager_step(const std::function<void()>& step) {
         last = now;
       });
       step();
+      wait();
     }
     const double total = ms_since(start);
     best_total = run == 0 ? total : std::min(best_total, total);
@@ -138,11 +156,21 @@ void profile_eager_step(const std::function<void()>& step) {
 // compiled: forward and backward as one graph, AdamW eager; compiled-whole-step: gradients
 // zeroed, forward, backward and AdamW as one graph): median step ms, tokens/s, peak bytes.
 int bench_text_train(const TextBenchOptions& o) {
+  KILN_CHECK(o.device == "cpu" || o.device == "cuda", "kiln-bench train: --device {}: expected cpu or cuda",
+             o.device);
+  const Device device = o.device == "cuda" ? Device::cuda() : Device::cpu();
+  if (device.is_cuda()) {
+    KILN_CHECK(cuda::is_available(), "kiln-bench train: --arch {} --device cuda: CUDA is not available: {}",
+               o.arch, cuda::unavailable_reason());
+    // As tools/bench_torch.py runs PyTorch: TF32 for f32 products.
+    cuda::set_allow_tf32(true);
+  }
   manual_seed(0);
   TextModel m = make_text_model(o);
   KILN_CHECK(o.seq <= m.max_length, "kiln-bench train: --seq {} is longer than {}'s {} positions", o.seq,
              o.arch, m.max_length);
   nn::Module& model = *m.module;
+  model.to(device);
   model.train();
   std::vector<Tensor> params = model.parameters();
   int64_t parameters = 0;
@@ -152,12 +180,15 @@ int bench_text_train(const TextBenchOptions& o) {
 
   // The batch: ids drawn uniformly (BERT's from 1: 0 is its padding id); BERT's labels at
   // 15% of the positions (the rest -100), GPT-2's the ids themselves (the loss shifts them).
-  const Tensor ids = randint(1, m.vocab, {o.batch, o.seq});
+  // Drawn on the CPU, so that both devices train on the same batch.
+  Tensor ids = randint(1, m.vocab, {o.batch, o.seq});
   Tensor labels = ids;
   if (is_bert(o.arch)) {
     const Tensor chosen = lt(rand({o.batch, o.seq}), 0.15);
     labels = where(chosen, randint(1, m.vocab, {o.batch, o.seq}), Scalar(int64_t{-100}));
   }
+  ids = ids.to(device);
+  labels = labels.to(device);
 
   auto forward_backward = [&m](const std::vector<Tensor>& a) -> std::vector<Tensor> {
     Tensor loss = m.loss(a[0], a[1]);
@@ -198,25 +229,43 @@ int bench_text_train(const TextBenchOptions& o) {
                      0, 0, &*whole});
   }
   if (!o.only.empty()) {
-    const auto it = std::ranges::find(modes, o.only, &Mode::name);
-    if (it == modes.end())
-      fail("kiln-bench train: --only {}: expected one of {} (the compiled modes need --compile)", o.only,
-           fmt::join(modes | std::views::transform(&Mode::name), ", "));
-    if (it->name == "compiled-whole-step") eager_step();  // AdamW's state
-    std::vector<Mode> one;
-    one.push_back(std::move(*it));
-    modes = std::move(one);
+    // The named modes, in the order given (a mode not traced is never compiled).
+    std::vector<Mode> chosen;
+    for (size_t i = 0; i < o.only.size(); ++i) {
+      const std::string& name = o.only[i];
+      const auto it = std::ranges::find(modes, name, &Mode::name);
+      if (it == modes.end() || std::ranges::count(o.only, name) > 1)
+        fail("kiln-bench train: --only {}: expected distinct modes among {} (the compiled modes need --compile)",
+             fmt::join(o.only, ","), fmt::join(modes | std::views::transform(&Mode::name), ", "));
+      // AdamW's state must exist before the whole step is traced: an eager or compiled
+      // mode's warm-up before it makes it, else one eager step here.
+      if (name == "compiled-whole-step" && i == 0) eager_step();
+      chosen.push_back(*it);
+    }
+    modes = std::move(chosen);
   }
 
-  // As kiln-bench train: the timed steps in rounds, a few of each mode per round.
+  // As kiln-bench train: the timed steps in rounds, a few of each mode per round. On a GPU
+  // each step ends with a synchronization, so its time is the device's work.
   time_in_rounds(
       modes, o.steps,
-      [](Mode& mode) {
+      [device](Mode& mode) {
         const auto t0 = std::chrono::steady_clock::now();
         mode.step();
+        if (device.is_cuda()) cuda::synchronize(device.index);
         return ms_since(t0);
       },
-      [] { reset_peak_memory(); }, [] { return static_cast<double>(memory_stats().peak) / 1048576.0; });
+      [device] { reset_peak_memory(device.type); },
+      [device] { return static_cast<double>(memory_stats(device.type).peak) / 1048576.0; });
+  // What a GPU run adds: TF32, the allocator's reserved peak, any op that ran on the host.
+  std::string device_fields = blas_field();
+  if (device.is_cuda()) {
+    const std::vector<std::string> fallback = cuda::host_fallback_ops();
+    device_fields = fmt::format(
+        R"(,"tf32":true,"reserved_mib":{:.1f},"host_fallback_ops":[{}])",
+        static_cast<double>(cuda::allocator_stats(device.index).peak_reserved) / 1048576.0,
+        fmt::join(fallback | std::views::transform([](const std::string& n) { return "\"" + n + "\""; }), ","));
+  }
 
   const double eager_ms = modes[0].name == "eager" ? median_of(modes[0].ms) : 0;
   const double eager_peak = modes[0].peak;
@@ -231,19 +280,19 @@ int bench_text_train(const TextBenchOptions& o) {
                              mode.peak / eager_peak);
     }
     std::cout << fmt::format(
-        R"({{"bench":"train","mode":"{}","arch":"{}","device":"cpu","batch":{},"seq":{},"vocab":{},)"
+        R"({{"bench":"train","mode":"{}","arch":"{}","device":"{}","batch":{},"seq":{},"vocab":{},)"
         R"("loss":"{}","optimizer":"adamw","dropout":{},"parameters":{},"steps":{},"median_step_ms":{:.1f},)"
         R"("min_step_ms":{:.1f},"max_step_ms":{:.1f},"tokens_per_s":{:.0f},"samples_per_s":{:.2f},)"
         R"("peak_mib":{:.1f},"first_call_s":{:.2f}{}{}}})"
         "\n",
-        mode.name, o.arch, o.batch, o.seq, m.vocab, is_bert(o.arch) ? "masked_lm" : "causal_lm", o.dropout,
+        mode.name, o.arch, o.device, o.batch, o.seq, m.vocab, is_bert(o.arch) ? "masked_lm" : "causal_lm", o.dropout,
         parameters, o.steps, ms, fastest, slowest, 1000.0 * static_cast<double>(o.batch * o.seq) / ms,
-        1000.0 * static_cast<double>(o.batch) / ms, mode.peak, mode.first_call_s, extra, blas_field());
+        1000.0 * static_cast<double>(o.batch) / ms, mode.peak, mode.first_call_s, extra, device_fields);
   }
   if (o.profile) {
     for (const Mode& mode : modes)
       if (mode.compiled) std::cerr << mode.name << ":\n" << mode.compiled->profile();
-    profile_eager_step(eager_step);
+    profile_eager_step(eager_step, device);
   }
   return 0;
 }
@@ -271,23 +320,26 @@ int bench_text_train(int argc, char** argv) {
     const std::string value = argv[++i];
     auto number = [&] { return parse_integer("kiln-bench train", option, value); };
     if (option == "--arch") o.arch = value;
-    else if (option == "--only") o.only = value;
-    else if (option == "--device")
-      KILN_CHECK(value == "cpu", "kiln-bench train: --arch {} runs on the CPU only so far (--device {})", o.arch,
-                 value);
+    else if (option == "--only") {
+      o.only = split_list(value);
+      KILN_CHECK(!o.only.empty(), "kiln-bench train: --only {}: expected a mode or a comma-separated list", value);
+    }
+    else if (option == "--device") o.device = value;
     else if (option == "--batch") o.batch = number();
     else if (option == "--seq") o.seq = number();
     else if (option == "--vocab") o.vocab = number();
     else if (option == "--steps") o.steps = number();
     else if (option == "--warmup") o.warmup = number();
     else fail("kiln-bench train: unknown option {} for --arch {} (the text models take --batch, --seq, "
-              "--vocab, --steps, --warmup, --compile, --only, --profile, --no-dropout)", option, o.arch);
+              "--vocab, --steps, --warmup, --device, --compile, --only, --profile, --no-dropout)", option, o.arch);
   }
   check_range("kiln-bench train: --batch", o.batch, 1, 1 << 16);
   check_range("kiln-bench train: --seq", o.seq, 1, 1 << 16);
   if (o.vocab != 0) check_range("kiln-bench train: --vocab", o.vocab, 2, 1 << 22);
   check_range("kiln-bench train: --steps", o.steps, 1, 1'000'000);
   check_range("kiln-bench train: --warmup", o.warmup, 1, 1'000'000);
+  KILN_CHECK(o.device == "cpu" || o.device == "cuda", "kiln-bench train: --device {}: expected cpu or cuda",
+             o.device);
   return bench_text_train(o);
 }
 

@@ -14,6 +14,9 @@
 # Knobs (environment): GPU_CHECK_BUDGET_S (450), JOBS (nproc), GPU_DEPS (.gpu-deps),
 # GPU_CHECK_BUILD (build-gpu), GPU_CHECK_CMAKE_FLAGS (extra configure flags),
 # GPU_CHECK_BUILD_S (330, the build step's limit), KILN_BENCH_ARGS, TORCH_BENCH_ARGS,
+# BERT_BENCH_ARGS (the BERT-base lines' model and sizes, given to kiln-bench and bench_torch.py
+# alike), GPU_CHECK_SKIP_BERT=1 (no BERT lines), GPU_CHECK_SKIP_RESNET=1 (no ResNet-50 lines,
+# kiln's or PyTorch's: the budget left to the BERT lines),
 # GPU_CHECK_FORCE_GPU=0|1 (overrides the GPU detection), GPU_CHECK_SKIP_TORCH=1 (no PyTorch
 # baseline), GPU_CHECK_SKIP_PLAN=1 (no cost-model lines), GPU_CHECK_CORE_TESTS=1 (the core tests too), GPU_CHECK_TARGETS (what to build;
 # a step whose program was not built is skipped or failed as such).
@@ -30,6 +33,9 @@ RESERVE_S=10  # kept back for the summary
 KILN_BENCH_ARGS=${KILN_BENCH_ARGS:---arch resnet50 --batch 128 --image-size 224 --steps 10 --warmup 3 --device cuda --compile}
 # The PyTorch baseline's --compile-budget-s is added below: what the overall budget leaves.
 TORCH_BENCH_ARGS=${TORCH_BENCH_ARGS:---device cuda --batch 128 --image-size 224 --steps 20 --warmup 5 --modes eager,compiled}
+# BERT-base masked-LM training (AdamW, dropout 0.1) at a size whose steps take well under a
+# second on an H200: the time goes to compiling (kiln's NVRTC kernels, torch.compile).
+BERT_BENCH_ARGS=${BERT_BENCH_ARGS:---arch bert-base --batch 32 --seq 128 --steps 5 --warmup 2}
 
 mkdir -p "$OUT"
 LOG=$OUT/log.txt TESTS=$OUT/tests.txt BENCH=$OUT/bench.jsonl SUMMARY=$OUT/summary.md
@@ -210,7 +216,8 @@ else
   record tests-tools-cuda "FAIL (not built)" 0
 fi
 # The NCCL backend (tests/dist/test_nccl.cpp): every collective of one rank through NCCL,
-# backend auto, DDP steps on CUDA; the 2-rank cases where 2 GPUs are visible. A case that
+# backend auto, DDP steps on CUDA; SyncBatchNorm's statistics through NCCL against cuDNN's
+# batch norm (test_sync_batch_norm_nccl.cpp); the 2-rank cases where 2 GPUs are visible. A case that
 # cannot run says why ("skipped: ...", copied into the log).
 if [[ " ${TARGETS[*]} " != *" kiln-tests-dist "* ]]; then
   record tests-nccl "skipped: not in GPU_CHECK_TARGETS" 0
@@ -233,6 +240,8 @@ fi
 # --- 4. kiln's training benchmark on the GPU -----------------------------------------------------
 if [ "$HAVE_GPU" != 1 ]; then
   record bench-kiln "skipped: no GPU" 0
+elif [ "${GPU_CHECK_SKIP_RESNET:-0}" = 1 ]; then
+  record bench-kiln "skipped: GPU_CHECK_SKIP_RESNET=1" 0
 elif [[ " ${TARGETS[*]} " != *" kiln-bench "* ]]; then
   record bench-kiln "skipped: not in GPU_CHECK_TARGETS" 0
 elif [ ! -x "$BUILD/bin/kiln-bench" ]; then
@@ -269,6 +278,8 @@ fi
 # --- 5. The PyTorch baseline ---------------------------------------------------------------
 if [ "$HAVE_GPU" != 1 ]; then
   record bench-pytorch "skipped: no GPU" 0
+elif [ "${GPU_CHECK_SKIP_RESNET:-0}" = 1 ]; then
+  record bench-pytorch "skipped: GPU_CHECK_SKIP_RESNET=1" 0
 elif [ "${GPU_CHECK_SKIP_TORCH:-0}" = 1 ]; then
   record bench-pytorch "skipped: GPU_CHECK_SKIP_TORCH=1" 0
 else
@@ -293,12 +304,49 @@ else
   fi
 fi
 
+# --- 5a. BERT-base masked LM: kiln eager and compiled against PyTorch eager and torch.compile --
+# The same model, batch and optimizer on both sides (tools/bench_text.cpp, tools/bench_torch.py's
+# text models): kiln's modes eager and compiled (forward and backward one graph, AdamW eager),
+# PyTorch's Hugging Face BertForMaskedLM, which needs `transformers` (skipped without it).
+if [ "${GPU_CHECK_SKIP_BERT:-0}" = 1 ]; then
+  record bench-bert-kiln "skipped: GPU_CHECK_SKIP_BERT=1" 0
+  record bench-bert-pytorch "skipped: GPU_CHECK_SKIP_BERT=1" 0
+elif [ "$HAVE_GPU" != 1 ]; then
+  record bench-bert-kiln "skipped: no GPU" 0
+  record bench-bert-pytorch "skipped: no GPU" 0
+else
+  if [[ " ${TARGETS[*]} " != *" kiln-bench "* ]]; then
+    record bench-bert-kiln "skipped: not in GPU_CHECK_TARGETS" 0
+  elif [ ! -x "$BUILD/bin/kiln-bench" ]; then
+    record bench-bert-kiln "FAIL (not built)" 0
+  else
+    # shellcheck disable=SC2086
+    run_step bench-bert-kiln 150 - "$BUILD/bin/kiln-bench" train $BERT_BENCH_ARGS --device cuda --compile \
+      --only eager,compiled
+    collect_bench kiln
+  fi
+  if [ "${GPU_CHECK_SKIP_TORCH:-0}" = 1 ]; then
+    record bench-bert-pytorch "skipped: GPU_CHECK_SKIP_TORCH=1" 0
+  elif ! timeout 60 python3 -c 'import transformers' >/dev/null 2>&1; then
+    record bench-bert-pytorch "skipped: transformers not installed" 0
+  else
+    # torch.compile's first step gets at most 90 s, less when the budget is short.
+    BERT_COMPILE_BUDGET_S=$((DEADLINE - $(date +%s) - RESERVE_S - 45))
+    ((BERT_COMPILE_BUDGET_S > 90)) && BERT_COMPILE_BUDGET_S=90
+    ((BERT_COMPILE_BUDGET_S < 20)) && BERT_COMPILE_BUDGET_S=20
+    # shellcheck disable=SC2086
+    run_step bench-bert-pytorch 150 - python3 "$ROOT/tools/bench_torch.py" --device cuda \
+      --compile-budget-s "$BERT_COMPILE_BUDGET_S" $BERT_BENCH_ARGS --modes eager,compiled
+    collect_bench pytorch
+  fi
+fi
+
 # --- 5b. The cost model's predictions beside the kiln lines (compiler/cost.h) ---------------
 # Traced on this machine's CPU (no GPU needed): the same steps as the kiln lines above, NCHW
 # and channels-last in TF32 at batch 128, bf16 channels-last at 256, for the GPU found here.
 # docs/cuda.md, "The cost model", compares them with the measured steps. Last, since it
 # measures nothing on the GPU; GPU_CHECK_SKIP_PLAN=1 leaves it out.
-if [ "${GPU_CHECK_SKIP_PLAN:-0}" != 1 ] && [ -x "$BUILD/bin/kiln-bench" ]; then
+if [ "${GPU_CHECK_SKIP_PLAN:-0}" != 1 ] && [ "${GPU_CHECK_SKIP_RESNET:-0}" != 1 ] && [ -x "$BUILD/bin/kiln-bench" ]; then
   case "$(timeout 30 nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)" in
     *H100*) PLAN_GPU=h100 ;;
     *A100*) PLAN_GPU=a100 ;;

@@ -414,12 +414,27 @@ Result run(const Config& given, std::ostream& given_out) {
   // to resume (the folder must be shared).
   const std::optional<dist::LaunchEnv> launch = dist::read_launch_env();
   const int world = launch ? launch->world_size : 1;
+  // The GPU of this process: cuda:0, or in a job of several ranks with --device cuda the
+  // launcher's LOCAL_RANK modulo the GPUs visible (one GPU per rank on each node, as
+  // torchrun's convention and the NCCL backend's default have it).
+  int gpu = 0;
   if (world > 1) {
-    KILN_CHECK(given.device == "cpu",
-               "kiln-train: data-parallel training (a job of {} ranks) runs on the CPU for now: the NCCL backend "
-               "for CUDA is not built yet",
-               world);
-    if (!dist::is_initialized()) dist::init_process_group({.backend = "gloo"});
+    if (given.device == "cuda") {
+      KILN_CHECK(cuda::is_available(), "kiln-train: --device cuda: CUDA is not available: {}",
+                 cuda::unavailable_reason());
+      const std::string why = dist::nccl_unavailable_reason();
+      KILN_CHECK(why.empty(), "kiln-train: data-parallel training on CUDA (a job of {} ranks) needs NCCL: {}", world,
+                 why);
+      gpu = launch->local_rank % cuda::device_count();
+      // This process's CUDA calls outside an op (the loader's pinned batches, on its
+      // workers) go to that GPU too, not to a context of their own on cuda:0.
+      cuda::set_device(gpu);
+      // The gradients' all-reduces go through NCCL, the step's statistics (CPU tensors)
+      // through Gloo.
+      if (!dist::is_initialized()) dist::init_process_group({.backend = "auto", .device = gpu});
+    } else if (!dist::is_initialized()) {
+      dist::init_process_group({.backend = "gloo"});
+    }
   }
   const int rank = world > 1 ? dist::get_rank() : 0;
   Config c = given;
@@ -462,7 +477,7 @@ Result run(const Config& given, std::ostream& given_out) {
     tokenizer->save(c.checkpoint_dir / "vocab.txt");
   }
   // The loader makes batches on the CPU; each step copies its batch to the device.
-  const Device device = c.device == "cuda" ? Device::cuda() : Device::cpu();
+  const Device device = c.device == "cuda" ? Device::cuda(gpu) : Device::cpu();
   const MemoryFormat format = c.channels_last ? MemoryFormat::channels_last : MemoryFormat::contiguous;
   model->to(device);
   // On CUDA the weights too: cuDNN's NHWC convolutions then read them without a transpose

@@ -60,8 +60,36 @@ bool copies_done(const PinnedBlock& b) {
   return true;
 }
 
+// Where set_device chose a device for the process, cudaHostAlloc and cudaFreeHost run with
+// it current (any thread's current device is cuda:0 unless set, and a first CUDA call there
+// would make a context on cuda:0); elsewhere on the thread's current device, as before.
+// Never throws: the free runs in a storage's deleter, possibly at exit; where the switch
+// fails the call runs on the thread's device.
+class OnProcessDevice {
+ public:
+  OnProcessDevice() {
+    const int device = process_device();
+    if (device < 0) return;
+    if (cudaGetDevice(&previous_) != cudaSuccess || (previous_ != device && cudaSetDevice(device) != cudaSuccess)) {
+      cudaGetLastError();
+      return;
+    }
+    switched_ = previous_ != device;
+  }
+  ~OnProcessDevice() {
+    if (switched_) cudaSetDevice(previous_);
+  }
+  OnProcessDevice(const OnProcessDevice&) = delete;
+  OnProcessDevice& operator=(const OnProcessDevice&) = delete;
+
+ private:
+  int previous_ = -1;
+  bool switched_ = false;
+};
+
 // Frees a block that is no longer registered: waits for its copies, then cudaFreeHost.
 void release_pinned(uintptr_t address, const std::vector<PinnedCopy>& copies) {
+  const OnProcessDevice on_process_device;
   for (const PinnedCopy& c : copies) {
     cudaEventSynchronize(c.event);
     cudaEventDestroy(c.event);
@@ -178,6 +206,7 @@ Tensor empty_pinned(const Shape& shape, DType dtype) {
   const size_t nbytes = std::max<size_t>(static_cast<size_t>(numel_of(shape)) * itemsize(dtype), 1);
   void* p = take_pinned(nbytes);
   if (!p) {
+    const OnProcessDevice on_process_device;
     cudaError_t err = cudaHostAlloc(&p, nbytes, cudaHostAllocDefault);
     if (err != cudaSuccess) {  // free the cache and try once more
       cudaGetLastError();

@@ -84,6 +84,18 @@ DeviceGuard::~DeviceGuard() {
   if (cudaGetDevice(&now) == cudaSuccess && now != previous_) cudaSetDevice(previous_);
 }
 
+namespace {
+std::atomic<int> g_process_device{-1};
+}  // namespace
+
+void set_device(int device) {
+  require_device(device, "cuda::set_device");
+  KILN_CUDA_CHECK(cudaSetDevice(device), "cuda::set_device");
+  g_process_device.store(device);
+}
+
+int process_device() { return g_process_device.load(); }
+
 void synchronize(int device) {
   require_device(device, "cuda::synchronize");
   DeviceGuard guard(device);

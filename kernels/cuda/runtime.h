@@ -22,6 +22,9 @@ void check(cudaError_t err, const char* what);
 // Throws unless CUDA is available and `device` is one of its devices.
 void require_device(int device, const char* what);
 
+// The device set_device chose for this process, or -1 where it was never called.
+int process_device();
+
 // Makes `device` current on this thread for the guard's lifetime.
 class DeviceGuard {
  public:

@@ -1,6 +1,8 @@
 // The CUDA device runtime (core/cuda.h): availability, the caching allocator, copies,
 // streams and events. Without a GPU, the tests check that every entry point says why it
 // cannot work; with one, that it does.
+#include <thread>
+
 #include "cuda/cuda_testing.h"
 
 using namespace kiln;
@@ -16,6 +18,7 @@ TEST_CASE("without a GPU the CUDA runtime says why", "[cuda]") {
                     Catch::Contains("cuda:0 is not available") && Catch::Contains(cuda::unavailable_reason()));
   CHECK_THROWS_WITH(from_vector<float>({1, 2}).to(Device::cuda()), Catch::Contains("not available"));
   CHECK_THROWS_WITH(cuda::synchronize(), Catch::Contains("cuda::synchronize"));
+  CHECK_THROWS_WITH(cuda::set_device(0), Catch::Contains("cuda::set_device: cuda:0 is not available"));
   CHECK_THROWS_AS(cuda::current_stream(), Error);
   CHECK_THROWS_AS(cuda::Event(), Error);
   CHECK(cuda::memory_summary().find("not available") != std::string::npos);
@@ -68,6 +71,28 @@ TEST_CASE("pinned host memory copies to the GPU and is reused only after its cop
   // A view in the middle of a block copies (and is tracked) like the block.
   const Tensor rows = cuda::pin_memory(arange(0, 1000, 1, {.dtype = DType::f32}).reshape({10, 100}));
   KILN_CHECK_EQUAL(testing::host(rows[4].to(Device::cuda())), arange(400, 500, 1, {.dtype = DType::f32}));
+}
+
+TEST_CASE("cuda::set_device picks the process's GPU, and pinned memory from any thread works with it", "[cuda]") {
+  KILN_NEEDS_GPU();
+  CHECK_THROWS_WITH(cuda::set_device(cuda::device_count()), Catch::Contains("is not available: this machine has"));
+  // The last GPU, as a data-parallel rank's: pinned batches made on a worker thread (whose
+  // current device is cuda:0 unless set) copy there and come back unchanged.
+  const int last = cuda::device_count() - 1;
+  const Device gpu = Device::cuda(last);
+  cuda::set_device(last);
+  Tensor batch;
+  std::thread worker([&] {
+    batch = cuda::empty_pinned({256, 100}, DType::f32);
+    batch.copy_(arange(0, 25600, 1, {.dtype = DType::f32}).reshape({256, 100}));
+  });
+  worker.join();
+  CHECK(cuda::is_pinned(batch));
+  const Tensor on_gpu = batch.to(gpu);
+  batch = Tensor();  // freed (on this thread) while its copy may still run
+  KILN_CHECK_EQUAL(testing::host(on_gpu), arange(0, 25600, 1, {.dtype = DType::f32}).reshape({256, 100}));
+  CHECK(on_gpu.device() == gpu);
+  cuda::set_device(0);
 }
 
 TEST_CASE("CUDA devices report their properties", "[cuda]") {

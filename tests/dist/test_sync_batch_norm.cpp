@@ -1,4 +1,5 @@
-// SyncBatchNorm on 2 and 3 processes against BatchNorm in one process with the whole batch.
+// SyncBatchNorm on 2 and 3 processes against BatchNorm in one process with the whole batch
+// (CPU tensors, Gloo), and on 2 GPUs through NCCL where a machine has them ([nccl]).
 //
 // Tolerances (f64): every rank's statistics are sums of at most 11 x 16 shifted terms,
 // added in another order than batch_norm's kernels (and from the shifted one-pass moments
@@ -12,6 +13,7 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "core/cuda.h"
 #include "dist/data_parallel.h"
 #include "dist/sync_batch_norm.h"
 #include "rank_testing.h"
@@ -29,7 +31,7 @@ std::pair<int64_t, int64_t> shard(int64_t n, int rank, int world) {
 }
 
 double max_relative(const Tensor& a, const Tensor& b) {
-  const std::vector<double> x = testing::values(a), y = testing::values(b);
+  const std::vector<double> x = testing::values(a.to(Device::cpu())), y = testing::values(b.to(Device::cpu()));
   REQUIRE(x.size() == y.size());
   double diff = 0, norm = 0;
   for (size_t i = 0; i < x.size(); ++i) {
@@ -39,9 +41,11 @@ double max_relative(const Tensor& a, const Tensor& b) {
   return diff / std::max(norm, 1e-300);
 }
 
-// One layer, three training steps and one eval step, on input of `shape` (N first).
-void check_layer(const Shape& shape, DType dtype, bool affine, int rank, int world) {
-  INFO("input " << shape_str(shape) << " " << fmt::format("{}", dtype) << (affine ? " affine" : ""));
+// One layer, three training steps and one eval step, on input of `shape` (N first), the
+// layers and the data on `device` (a rank's own GPU for NCCL).
+void check_layer(const Shape& shape, DType dtype, bool affine, int rank, int world, Device device = Device::cpu()) {
+  INFO("input " << shape_str(shape) << " " << fmt::format("{}", dtype) << (affine ? " affine" : "") << " on "
+                << fmt::format("{}", device));
   const double tol = dtype == DType::f64 ? 1e-10 : 1e-4;
   const int64_t channels = shape[1];
   nn::BatchNormOptions options{.momentum = 0.3, .affine = affine};
@@ -63,6 +67,8 @@ void check_layer(const Shape& shape, DType dtype, bool affine, int rank, int wor
   }
   reference->to(dtype);
   local->to(dtype);
+  reference->to(device);
+  local->to(device);
   for (int step = 0; step < 3; ++step) {
     INFO("step " << step);
     const int64_t n = step == 2 ? world + 1 : 7;  // the last batch short: some ranks get 1 sample
@@ -70,7 +76,7 @@ void check_layer(const Shape& shape, DType dtype, bool affine, int rank, int wor
     full[0] = n;
     manual_seed(100 + step);
     // Mean 0.5 and scale 2 per channel: the shift by the running mean matters.
-    const Tensor x = (randn(full) * 2 + 0.5).to(dtype), g = randn(full).to(dtype);
+    const Tensor x = (randn(full) * 2 + 0.5).to(dtype).to(device), g = randn(full).to(dtype).to(device);
     const auto [start, share] = shard(n, rank, world);
     const Tensor xr = x.narrow(0, start, share).detach().requires_grad_(true);
     const Tensor xf = x.detach().requires_grad_(true);
@@ -102,7 +108,7 @@ void check_layer(const Shape& shape, DType dtype, bool affine, int rank, int wor
   manual_seed(9);
   Shape one = shape;
   one[0] = 2;
-  const Tensor x = randn(one).to(dtype);
+  const Tensor x = randn(one).to(dtype).to(device);
   CHECK(max_relative((*local)(x), (*reference)(x)) <= tol);
   CHECK(dist::default_group().counts().all_reduce == before);
 }
@@ -144,6 +150,30 @@ TEST_CASE("SyncBatchNorm on 2 and 3 ranks equals BatchNorm over the whole batch"
     INFO(world << " ranks");
     testing::require_ranks_pass({.test_case = "rank: sync batch norm", .world_size = world});
   }
+}
+
+// The layer on CUDA tensors, each rank on its own GPU, the all-reduces through NCCL.
+TEST_CASE("rank: sync batch norm on CUDA", "[.rank]") {
+  dist::init_process_group({.backend = "nccl", .timeout = std::chrono::seconds(30)});
+  const int rank = dist::get_rank(), world = dist::get_world_size();
+  const Device gpu = Device::cuda(rank);
+  check_layer({7, 3, 4, 4}, DType::f64, true, rank, world, gpu);
+  check_layer({7, 3, 4, 4}, DType::f32, true, rank, world, gpu);
+  check_layer({7, 5}, DType::f64, false, rank, world, gpu);
+  dist::destroy_process_group();
+}
+
+TEST_CASE("SyncBatchNorm on CUDA on 2 ranks (2 GPUs, NCCL) equals BatchNorm over the whole batch", "[nccl]") {
+  std::string why = dist::nccl_unavailable_reason();
+  if (why.empty() && cuda::device_count() < 2)
+    why = fmt::format("2 GPUs needed, {} visible", cuda::device_count());
+  if (why.empty() && find_op("batch_norm").kernels[static_cast<size_t>(DeviceType::cuda)] == nullptr)
+    why = "this kiln was built without cuDNN, so BatchNorm (the reference) has no CUDA kernel";
+  if (!why.empty()) {
+    WARN("skipped: " << why);
+    return;
+  }
+  testing::require_ranks_pass({.test_case = "rank: sync batch norm on CUDA", .world_size = 2, .limit_s = 120});
 }
 
 TEST_CASE("SyncBatchNorm in a job of one rank, or with no process group, is BatchNorm", "[dist]") {

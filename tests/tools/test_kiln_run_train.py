@@ -13,6 +13,9 @@
    losses of one process (the statistics are the whole batch's; f32 sums again, 30 steps,
    relative 1e-4 for the drift of a longer chain of ops); without it the first step's loss
    already differs (each rank normalizes its half alone).
+5. --device cuda on 2 ranks (each rank on its GPU, gradients through NCCL): on a machine
+   without a GPU the ranks stop with an error saying why, and the job fails; with GPUs
+   it trains (2 GPUs are needed: NCCL refuses two ranks on one device).
 
 usage: test_kiln_run_train.py KILN_TRAIN KILN_RUN
 """
@@ -104,8 +107,20 @@ def main():
         assert len(ref_cnn) == len(logs["--sync-bn"]) == 30
         first, apart = ref_cnn[0]["loss"], logs[None][0]["loss"]
         assert abs(first - apart) > 1e-3 * abs(first), f"without --sync-bn: {apart} against {first}"
+        # 5: CUDA on 2 ranks.
+        cuda = [run, "--nproc-per-node", "2", "--master-port", "0", train, *cnn, "--steps", "3", "--device", "cuda"]
+        p = subprocess.run(cuda, env=env, capture_output=True, text=True, timeout=300)
+        said = p.stdout + p.stderr
+        if "CUDA is not available" in said:
+            # The first rank to fail stops the other, which may not have said it yet.
+            assert p.returncode != 0, said[-800:]
+            assert "] kiln-train: --device cuda: CUDA is not available: " in said, said[-800:]
+            cuda_note = "--device cuda on 2 ranks says why it cannot run here"
+        else:
+            assert p.returncode == 0 or "NCCL" in said, said[-800:]
+            cuda_note = f"--device cuda on 2 ranks ran (exit {p.returncode})"
         print(f"ok: two ranks equal one process over 400 steps; interrupted after {stopped} steps and resumed; "
-              "--sync-bn equals one process with batch norm")
+              f"--sync-bn equals one process with batch norm; {cuda_note}")
     return 0
 
 
