@@ -4,6 +4,7 @@
 // (nvcc, and NVRTC for generated CUDA kernels), so it includes nothing from the standard
 // library on the device side. Floating functions come in float and double; the 16-bit
 // types compute in float. Names match the ops of the registry.
+#include "core/half.h"  // bits_to_f32
 #include "core/hd.h"
 #if !defined(__CUDACC_RTC__)
 #include <math.h>
@@ -117,6 +118,23 @@ KILN_HD float erf(float x) {
   return a >= 1.0f ? large : small;
 }
 KILN_HD double erf(double x) { return ::erf(x); }
+// e^x for x <= 0 in float, without branches or calls so that a loop of it vectorizes
+// (libm's expf is a call per element: gelu_backward's loop with it took 3x the time of the
+// formula it replaced). x = n ln 2 + r with |r| <= ln 2 / 2 (ln 2 in two parts, the first
+// exact in n ln 2), e^r by its Taylor polynomial of degree 7 (truncated below 0.05 ulp), 2^n
+// written into the exponent bits. Checked over every float in [-87.33, 0] against double
+// exp: at most 1.22 ulp off. 0 below -87.33, where e^x is subnormal; NaN stays NaN.
+KILN_HD float exp_nonpositive(float x) {
+  const float c = x > -87.33f ? x : -87.33f;                       // so that n is defined for NaN
+  const float n = (c * 1.44269504f + 12582912.0f) - 12582912.0f;  // rounded: 1.5 * 2^23
+  const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
+  const float coef[] = {1.0f, 1.0f, 0.5f, 1.66666667e-1f, 4.16666667e-2f, 8.33333333e-3f, 1.38888889e-3f, 1.98412698e-4f};
+  float p = coef[7];
+  for (int i = 6; i >= 0; --i) p = p * r + coef[i];
+  const float scale = bits_to_f32(static_cast<unsigned int>(static_cast<int>(n) + 127) << 23);
+  return x < -87.33f ? 0.0f : p * scale;
+}
+KILN_HD double exp_nonpositive(double x) { return ::exp(x); }
 
 // ---- activations ----
 template <class T> KILN_HD T relu(T x) { return x < T(0) ? T(0) : x; }  // keeps NaN
@@ -131,6 +149,21 @@ template <class T> KILN_HD T gelu(T x, bool tanh_approx) {
     return T(0.5) * x * (T(1) + tanh(k * (x + T(0.044715) * x * x * x)));
   }
   return T(0.5) * x * (T(1) + erf(x * T(0.7071067811865476)));
+}
+// grad times gelu's slope at x, in one function so that GELU's backward is one loop. Exact:
+// Phi(x) + x phi(x), Phi through erf as in gelu (reading Phi back as gelu(x) / x lost
+// precision near 0). Tanh form: the derivative of x (1 + tanh(u)) / 2, u = k (x + a x^3)
+// as gelu computes it: (1 + t) / 2 + x (1 - t^2) u' / 2 with u' = k (1 + 3 a x^2).
+template <class T> KILN_HD T gelu_backward(T grad, T x, bool tanh_approx) {
+  if (tanh_approx) {
+    const T k = T(0.7978845608028654), a = T(0.044715);
+    const T t = tanh(k * (x + a * x * x * x));
+    const T du = k * (T(1) + T(3) * a * x * x);
+    return grad * (T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * du);
+  }
+  const T cdf = T(0.5) * (T(1) + erf(x * T(0.7071067811865476)));
+  const T pdf = exp_nonpositive(x * x * T(-0.5)) * T(0.3989422804014327);  // 1 / sqrt(2 pi)
+  return grad * (cdf + x * pdf);
 }
 // softplus(x) = log(1 + exp(beta x)) / beta, linear above the threshold.
 template <class T> KILN_HD T softplus(T x, T beta, T threshold) {

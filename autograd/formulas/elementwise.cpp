@@ -64,37 +64,36 @@ Tensor sigmoid_grad(const BackwardContext& c) {
 // relu passes the gradient where the output is positive (0 at 0, as PyTorch).
 Tensor relu_grad(const BackwardContext& c) { return where(c.output(0) > 0, c.grad(), 0); }
 
-// gelu(x) = x Phi(x), so d gelu = Phi(x) + x phi(x). There is no erf op, so Phi(x) is
-// read back as gelu(x) / x, except near 0 where that quotient loses precision (in f16 the
-// product underflows to subnormals) and a Taylor series is exact to f64 rounding.
-Tensor gelu_exact_grad(const BackwardContext& c) {
-  constexpr double kInvSqrt2Pi = 0.3989422804014327;  // 1 / sqrt(2 pi)
-  constexpr double kSmall = 1e-3;                      // x^5 / 40 < 1e-16 below it
-  const Tensor& x = c.input(0);
-  Tensor small = abs(x) < kSmall;
-  // The divisor is 1 where the series is used, so no 0/0 appears even in unused lanes
-  // (a NaN there would poison a second-order gradient through where).
-  Tensor quotient = gelu(x) / where(small, 1, x);
-  Tensor series = (x - x * x * x * (1.0 / 6)) * kInvSqrt2Pi + 0.5;
-  Tensor cdf = where(small, series, quotient);
-  Tensor pdf = exp(x * x * -0.5) * kInvSqrt2Pi;
-  return c.grad() * (cdf + x * pdf);
+// d gelu is one op, gelu_backward (kernels/scalar.h has its arithmetic).
+bool gelu_tanh_form(const BackwardContext& c) {
+  return c.attrs.has("approximate") && c.attrs.str("approximate") == "tanh";
+}
+Tensor gelu_grad(const BackwardContext& c) {
+  return gelu_backward(c.grad(), c.input(0), gelu_tanh_form(c) ? "tanh" : "none");
 }
 
-// gelu_tanh(x) = x (1 + tanh(u)) / 2 with u = k (x + a x^3).
-Tensor gelu_tanh_grad(const BackwardContext& c) {
+// gelu's second derivative, for gelu_backward's own formula. Exact: d (Phi + x phi) =
+// phi (2 - x^2). Tanh form: with t = tanh(u), u' = k (1 + 3 a x^2), u'' = 6 k a x, the
+// derivative of (1 + t) / 2 + x (1 - t^2) u' / 2 is (1 - t^2) (u' - x t u'^2 + x u'' / 2).
+Tensor gelu_second_derivative(const Tensor& x, bool tanh_form) {
+  constexpr double kInvSqrt2Pi = 0.3989422804014327;  // 1 / sqrt(2 pi)
+  Tensor x2 = x * x;
+  if (!tanh_form) return exp(x2 * -0.5) * kInvSqrt2Pi * (2 - x2);
   constexpr double kA = 0.044715;
   const double k = std::sqrt(2.0 / std::numbers::pi);
-  const Tensor& x = c.input(0);
-  Tensor x2 = x * x;
-  Tensor t = tanh(x * k * (x2 * kA + 1));
+  Tensor t = tanh((x + x2 * x * kA) * k);
   Tensor du = (x2 * (3 * kA) + 1) * k;
-  return c.grad() * ((t + 1) * 0.5 + x * 0.5 * (1 - t * t) * du);
+  return (1 - t * t) * (du - x * t * du * du + x2 * (3 * k * kA));
 }
 
-std::vector<Tensor> gelu_backward(const BackwardContext& c) {
-  const bool approximate = c.attrs.has("approximate") && c.attrs.str("approximate") == "tanh";
-  return approximate ? unary<gelu_tanh_grad>(c) : unary<gelu_exact_grad>(c);
+// gelu_backward(g, x) = g gelu'(x): d/dg = gelu'(x), d/dx = g gelu''(x).
+std::vector<Tensor> gelu_backward_backward(const BackwardContext& c) {
+  const bool tanh_form = gelu_tanh_form(c);
+  const Tensor& x = c.input(1);
+  std::vector<Tensor> out(2);
+  if (c.needs(0)) out[0] = to_input(c, 0, gelu_backward(c.grad(), x, tanh_form ? "tanh" : "none"));
+  if (c.needs(1)) out[1] = to_input(c, 1, c.grad() * c.input(0) * gelu_second_derivative(x, tanh_form));
+  return out;
 }
 
 // silu(x) = x s(x): slope s (1 + x (1 - s)).
@@ -222,7 +221,8 @@ struct Registrar {
     register_backward("tanh", reads_output(unary<tanh_grad>));
     register_backward("sigmoid", reads_output(unary<sigmoid_grad>));
     register_backward("relu", reads_output(unary<relu_grad>));
-    register_backward("gelu", {.fn = gelu_backward});
+    register_backward("gelu", {.fn = unary<gelu_grad>});
+    register_backward("gelu_backward", {.fn = gelu_backward_backward});
     register_backward("silu", {.fn = unary<silu_grad>});
     register_backward("softplus", {.fn = unary<softplus_grad>});
     register_backward("clamp", {.fn = unary<clamp_grad>});

@@ -60,6 +60,13 @@ std::vector<TensorMeta> infer_gelu(std::span<const TensorMeta> in, const Attrs&)
 std::vector<Scalar> gelu_args(const Attrs& a) { return {Scalar(a.str("approximate") == "tanh")}; }
 const OpDef& op_gelu = define_op({.name = "gelu", .infer = infer_gelu, .elementwise = Elementwise::floating,
                                   .scalar_args = gelu_args});
+// gelu_backward(grad, x): grad times gelu's slope, broadcast and promoted as a binary op.
+std::vector<TensorMeta> infer_gelu_backward(std::span<const TensorMeta> in, const Attrs&) {
+  return infer<Rule::floating, 2>("gelu_backward", in);
+}
+const OpDef& op_gelu_backward =
+    define_op({.name = "gelu_backward", .infer = infer_gelu_backward, .elementwise = Elementwise::floating,
+               .scalar_args = gelu_args, .cast_policy = CastPolicy::promote});
 std::vector<TensorMeta> infer_softplus(std::span<const TensorMeta> in, const Attrs&) {
   return infer<Rule::floating, 1>("softplus", in);
 }
@@ -186,6 +193,11 @@ Tensor gelu(const Tensor& x, const std::string& approximate) {
   KILN_CHECK(approximate == "none" || approximate == "tanh",
              "gelu: approximate must be \"none\" or \"tanh\", got \"{}\"", approximate);
   return unary(op_gelu, x, {{"approximate", approximate}});
+}
+Tensor gelu_backward(const Tensor& grad, const Tensor& x, const std::string& approximate) {
+  KILN_CHECK(approximate == "none" || approximate == "tanh",
+             "gelu_backward: approximate must be \"none\" or \"tanh\", got \"{}\"", approximate);
+  return binary(op_gelu_backward, grad, x, {{"approximate", approximate}});
 }
 Tensor silu(const Tensor& x) { return unary(op_silu, x); }
 Tensor softplus(const Tensor& x, double beta, double threshold) {

@@ -47,6 +47,8 @@ Tensor pow(const Tensor& a, Scalar b);
 Tensor pow(Scalar a, const Tensor& b);
 Tensor maximum(const Tensor& a, const Tensor& b);  // NaN-propagating
 Tensor minimum(const Tensor& a, const Tensor& b);
+// grad times gelu's slope at x (GELU's backward, one elementwise op); approximate as gelu's.
+Tensor gelu_backward(const Tensor& grad, const Tensor& x, const std::string& approximate = "none");
 Tensor eq(const Tensor& a, const Tensor& b);
 Tensor eq(const Tensor& a, Scalar b);
 Tensor ne(const Tensor& a, const Tensor& b);

@@ -10,8 +10,8 @@
 // registers their CPU kernels from it; the code generator and the CUDA kernels read the
 // facts from the registry. A new such op is one line here and its function in
 // kernels/scalar.h (docs/adding-an-op.md). The elementwise ops with rules of their own
-// (add and sub with alpha, where, clamp, cast, clone, fill, gelu, softplus, to_device) are
-// defined one by one in core/ops/elementwise.cpp.
+// (add and sub with alpha, where, clamp, cast, clone, fill, gelu, gelu_backward, softplus,
+// to_device) are defined one by one in core/ops/elementwise.cpp.
 #define KILN_SCALAR_OPS(X)                              \
   X(neg, same, 1, no_bool, none)                        \
   X(abs, same, 1, any, none)                            \

@@ -109,6 +109,22 @@ void gelu(Span in, Span out, const Attrs& attrs) {
   });
 }
 
+void gelu_backward(Span in, Span out, const Attrs& attrs) {
+  const bool tanh_form = attrs.str("approximate") == "tanh";
+  const DType c = compute_dtype(in, true);
+  into(out[0], c, [&](const Tensor& o) {
+    visit_floating(c, "gelu_backward", [&]<class T>() {
+      // The form chosen outside the loop, as in gelu, so that the erf form's loop vectorizes.
+      if (tanh_form)
+        map<T, T, T>(o, [](auto g, auto x) { return scalar::gelu_backward(g, x, true); },
+                     as_dtype(in[0], c), as_dtype(in[1], c));
+      else
+        map<T, T, T>(o, [](auto g, auto x) { return scalar::gelu_backward(g, x, false); },
+                     as_dtype(in[0], c), as_dtype(in[1], c));
+    });
+  });
+}
+
 void softplus(Span in, Span out, const Attrs& attrs) {
   const DType c = compute_dtype(in, true);
   into(out[0], c, [&](const Tensor& o) {
@@ -217,6 +233,7 @@ struct Registrar {
     KILN_SCALAR_OPS(KILN_REGISTER_SCALAR_OP)
 #undef KILN_REGISTER_SCALAR_OP
     register_kernel("gelu", cpu, gelu);
+    register_kernel("gelu_backward", cpu, gelu_backward);
     register_kernel("softplus", cpu, softplus);
     register_kernel("clamp", cpu, clamp);
     register_kernel("add", cpu, add_sub<false>);

@@ -104,6 +104,10 @@ const std::vector<BinaryCase>& binary_cases() {
       {"maximum", [](const Tensor& a, const Tensor& b) { return maximum(a, b); }, &kMixed, &kOther},
       {"minimum", [](const Tensor& a, const Tensor& b) { return minimum(a, b); }, &kMixed, &kOther},
       {"where", [](const Tensor& a, const Tensor& b) { return where(a * b > 0, a, b); }, &kMixed, &kOther},
+      // gelu's second derivative, both forms.
+      {"gelu_backward", [](const Tensor& g, const Tensor& x) { return gelu_backward(g, x); }, &kOther, &kMixed},
+      {"gelu_backward tanh", [](const Tensor& g, const Tensor& x) { return gelu_backward(g, x, "tanh"); },
+       &kOther, &kMixed},
   };
   return cases;
 }
@@ -220,7 +224,7 @@ TEST_CASE("pow gradients at a zero base and a zero exponent follow PyTorch", "[f
 }
 
 TEST_CASE("gelu gradient matches the erf formula near and away from 0", "[formulas-elementwise]") {
-  // Around |x| = 1e-3 the formula switches from a series to gelu(x) / x.
+  // Near 0, where the old formula's gelu(x) / x lost precision, and beyond.
   const std::vector<double> v = {0, 1e-12, -3e-5, 9.99e-4, 1.001e-3, -2e-3, 0.5, -3, 8, -40};
   std::vector<double> expected;
   for (double x : v) {
@@ -306,6 +310,18 @@ TEST_CASE("formulas are differentiable with create_graph", "[formulas-elementwis
   x.set_grad({});
   g.backward(ones({2}, {.dtype = DType::f64}));
   KILN_CHECK_CLOSE(x.grad(), tensor_of({-std::sin(0.7), -std::sin(-1.2)}, {2}, DType::f64), 1e-12, 0);
+
+  // gelu's formula is one op, gelu_backward, whose own formula gives gelu'': in the exact
+  // form phi(x) (2 - x^2).
+  Tensor z = leaf({0.3, -1.7}, {2});
+  gelu(z).backward(ones({2}, {.dtype = DType::f64}), false, true);
+  Tensor gz = z.grad();
+  REQUIRE(gz.requires_grad());
+  z.set_grad({});
+  gz.backward(ones({2}, {.dtype = DType::f64}));
+  std::vector<double> second;
+  for (double v : {0.3, -1.7}) second.push_back(std::exp(-v * v / 2) / std::sqrt(2 * std::numbers::pi) * (2 - v * v));
+  KILN_CHECK_CLOSE(z.grad(), tensor_of(second, {2}, DType::f64), 1e-12, 0);
 
   Tensor y = leaf({2, -1}, {2});
   (pow(y, 3) / 3).backward(ones({2}, {.dtype = DType::f64}), false, true);

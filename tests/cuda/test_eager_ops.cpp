@@ -51,6 +51,9 @@ TEST_CASE("elementwise unary ops on the GPU equal the CPU in every floating dtyp
     check_same(fmt::format("gelu {}", dt), [](auto& in) { return gelu(in[0]); }, {x});
     check_same(fmt::format("gelu tanh {}", dt), [](auto& in) { return gelu(in[0], "tanh"); }, {x});
     check_same(fmt::format("softplus {}", dt), [](auto& in) { return softplus(in[0], 2.0, 5.0); }, {x});
+    check_same(fmt::format("gelu_backward {}", dt), [](auto& in) { return gelu_backward(kiln::cos(in[0]), in[0]); }, {x});
+    check_same(fmt::format("gelu_backward tanh {}", dt),
+               [](auto& in) { return gelu_backward(kiln::cos(in[0]), in[0], "tanh"); }, {x});
     check_same(fmt::format("clamp {}", dt), [](auto& in) { return clamp(in[0], -1.0, 0.5); }, {x});
     // A transposed (non-contiguous) input.
     check_same(fmt::format("exp of a transpose {}", dt), [](auto& in) { return kiln::exp(in[0].transpose(0, 2)); }, {x});

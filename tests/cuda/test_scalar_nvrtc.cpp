@@ -30,8 +30,9 @@ template <class T> __device__ T all_arith(T a, T b) {
 template <class T> __device__ T all_floating(T a, T b) {
   T r = all_arith(a, b) + ks::div(a, b);
   r = r + ks::exp(a) + ks::log(a) + ks::log1p(a) + ks::expm1(a) + ks::sqrt(a) + ks::rsqrt(a);
-  r = r + ks::reciprocal(a) + ks::sin(a) + ks::cos(a) + ks::tanh(a) + ks::erf(a);
+  r = r + ks::reciprocal(a) + ks::sin(a) + ks::cos(a) + ks::tanh(a) + ks::erf(a) + ks::exp_nonpositive(a);
   r = r + ks::sigmoid(a) + ks::silu(a) + ks::gelu(a, false) + ks::gelu(a, true);
+  r = r + ks::gelu_backward(a, b, false) + ks::gelu_backward(a, b, true);
   r = r + ks::softplus(a, T(1), T(20));
   return r;
 }

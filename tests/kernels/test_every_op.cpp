@@ -46,6 +46,7 @@ TEST_CASE("the op hook sees every registered op", "[hook][registry]") {
                    sigmoid, relu, silu, logical_not})
       f(m);
     gelu(m);
+    gelu_backward(m, m);
     softplus(m);
     clamp(m, 0.1, 0.5);
     add(m, m);
