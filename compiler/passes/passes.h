@@ -39,7 +39,9 @@ Graph simplify(const Graph& graph, RewriteLog* log = nullptr);
 const std::vector<Rule>& simplify_rules();
 
 // Rewrites ops that codegen cannot fuse into reductions and elementwise ops that it can, on
-// the CPU (where generated kernels run), computing what the eager kernel computes (its f64
+// CUDA values (the CPU keeps its eager layer-norm kernels, which measured faster than the
+// generated reductions; decompose_rules() still apply anywhere, for the tests), computing
+// what the eager kernel computes (its f64
 // statistics, its compute type): layer_norm into two row reductions (mean, then the mean of
 // squared deviations) and elementwise work, keeping its saved mean and rstd outputs;
 // layer_norm_backward into row sums (dw, db), row means and elementwise work, so that the
