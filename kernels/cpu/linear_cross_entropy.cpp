@@ -19,6 +19,7 @@
 #include "kernels/cpu/exp_f32.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/parallel.h"
+#include "kernels/cpu/row_max.h"
 #include "kernels/cpu/wide.h"
 #include "kernels/scalar.h"
 
@@ -86,16 +87,10 @@ struct RowStats {
 // (vectorizable), in f32 of x - max; the sum is in f64 over kVec lanes.
 template <class T>
 __attribute__((always_inline)) inline RowStats row_stats(const T* x, int64_t n) {
-  T lane_max[kVec];
-  std::fill_n(lane_max, kVec, -std::numeric_limits<T>::infinity());
+  const T max = row_max<T, kVec>(x, n);
+  double acc[kVec] = {};
   int64_t k = 0;
   for (; k + kVec <= n; k += kVec)
-    for (int64_t j = 0; j < kVec; ++j) lane_max[j] = x[k + j] > lane_max[j] ? x[k + j] : lane_max[j];
-  for (; k < n; ++k) lane_max[0] = x[k] > lane_max[0] ? x[k] : lane_max[0];
-  T max = lane_max[0];
-  for (int64_t j = 1; j < kVec; ++j) max = lane_max[j] > max ? lane_max[j] : max;
-  double acc[kVec] = {};
-  for (k = 0; k + kVec <= n; k += kVec)
     for (int64_t j = 0; j < kVec; ++j) {
       if constexpr (std::is_same_v<T, float>)
         acc[j] += static_cast<double>(exp_f32(x[k + j] - max));

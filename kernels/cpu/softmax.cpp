@@ -12,6 +12,7 @@
 #include "core/registry.h"
 #include "kernels/cpu/exp_f32.h"
 #include "kernels/cpu/parallel.h"
+#include "kernels/cpu/row_max.h"
 #include "kernels/cpu/wide.h"
 #include "kernels/scalar.h"
 
@@ -136,14 +137,8 @@ __attribute__((always_inline)) inline double lane_sum(const double (&acc)[kVec])
 
 template <bool kLog>
 __attribute__((always_inline)) inline void forward_row_f32(const float* x, float* y, int64_t n) {
-  float lane_max[kVec];
-  std::fill_n(lane_max, kVec, -std::numeric_limits<float>::infinity());
+  const float max = row_max<float, kVec>(x, n);
   int64_t k = 0;
-  for (; k + kVec <= n; k += kVec)
-    for (int64_t j = 0; j < kVec; ++j) lane_max[j] = x[k + j] > lane_max[j] ? x[k + j] : lane_max[j];
-  for (; k < n; ++k) lane_max[0] = x[k] > lane_max[0] ? x[k] : lane_max[0];
-  float max = lane_max[0];
-  for (int64_t j = 1; j < kVec; ++j) max = lane_max[j] > max ? lane_max[j] : max;
   // A NaN never wins the max, but exp(NaN - max) makes the sum, and so the row, NaN. Sums
   // in double, as forward_row's.
   double acc[kVec] = {};
