@@ -188,7 +188,8 @@ void backward(Span in, Span out, const Attrs& attrs) {
       T* dx = out[0].data_ptr<T>();
       T* dw = out[1].data_ptr<T>();
       T* db = out[2].data_ptr<T>();
-      std::fill_n(dx, m * h, T(0));
+      // An ignored row's gradient is zero; with every row counted the GEMM writes all of dx.
+      if (r_count < m) std::fill_n(dx, m * h, T(0));
       std::fill_n(db, v, T(0));
       if (r_count == 0 || v == 0) {
         std::fill_n(dw, v * h, T(0));

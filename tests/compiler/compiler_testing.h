@@ -131,24 +131,28 @@ inline std::string sgd_variant_text(const SgdVariant& v) {
          " maximize " + std::to_string(v.flags.maximize) + " first " + std::to_string(v.flags.first);
 }
 
-// Runs `loss_of(model, args)` + backward + SGD as a compiled step on one model and eagerly on
-// another built the same way, three times, and checks that the losses and every parameter
-// after each step are the same bits. `options` are kiln::compile's (fullgraph and the
-// parameter names are set here). Returns the compiled function for further checks.
+// Runs `outputs_of(model, args)` (the loss first, then anything else the step returns) +
+// backward + SGD as a compiled step on one model and eagerly on another built the same way,
+// three times, and checks with `same(got, want)` every output and every parameter after each
+// step. `options` are kiln::compile's (fullgraph and the parameter names are set here).
+// Returns the compiled function for further checks.
 template <class Model>
-compiler::CompiledFunction check_step(const std::function<Model()>& make,
-                            const std::function<Tensor(Model&, const std::vector<Tensor>&)>& loss_of,
-                            const std::vector<Tensor>& args, compiler::CompileOptions options = {}) {
+compiler::CompiledFunction compare_steps(
+    const std::function<Model()>& make,
+    const std::function<std::vector<Tensor>(Model&, const std::vector<Tensor>&)>& outputs_of,
+    const std::vector<Tensor>& args, compiler::CompileOptions options,
+    const std::function<bool(const Tensor& got, const Tensor& want)>& same) {
   auto model = std::make_shared<Model>(make());
   auto reference = std::make_shared<Model>(make());
   optim::SGD sgd(model->parameters(), {.lr = 0.1}),
       reference_sgd(reference->parameters(), {.lr = 0.1});
   auto step_of = [&](std::shared_ptr<Model> m, optim::SGD& opt) -> compiler::TracedFunction {
-    return [m, &opt, loss_of](const std::vector<Tensor>& a) -> std::vector<Tensor> {
-      const Tensor loss = loss_of(*m, a);
-      loss.backward();
+    return [m, &opt, outputs_of](const std::vector<Tensor>& a) -> std::vector<Tensor> {
+      std::vector<Tensor> out = outputs_of(*m, a);
+      out.at(0).backward();
       opt.step();
-      return {loss.detach()};
+      for (Tensor& t : out) t = t.detach();
+      return out;
     };
   };
   options.fullgraph = true;
@@ -158,18 +162,21 @@ compiler::CompiledFunction check_step(const std::function<Model()>& make,
   for (int call = 0; call < 3; ++call) {
     INFO("call " << call);
     manual_seed(40 + static_cast<uint64_t>(call));
-    const Tensor got = compiled(args).at(0);
+    const std::vector<Tensor> got = compiled(args);
     model->zero_grad();
     manual_seed(40 + static_cast<uint64_t>(call));
-    const Tensor want = eager(args).at(0);
+    const std::vector<Tensor> want = eager(args);
     reference->zero_grad();
-    INFO("loss " << got.item<double>() << " eager " << want.item<double>());
-    CHECK(same_bits(got, want));
+    REQUIRE(got.size() == want.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      INFO("output " << i << ": " << got[i].str() << " eager " << want[i].str());
+      CHECK(same(got[i], want[i]));
+    }
     const auto ref_params = reference->named_parameters();
     size_t i = 0;
     for (const auto& [name, p] : model->named_parameters()) {
       INFO(name);
-      CHECK(same_bits(p.detach(), ref_params.at(i++).second.detach()));
+      CHECK(same(p.detach(), ref_params.at(i++).second.detach()));
     }
   }
   CHECK(compiled.recompiles() == 0);
@@ -177,5 +184,14 @@ compiler::CompiledFunction check_step(const std::function<Model()>& make,
   return compiled;
 }
 
+// compare_steps of `loss_of(model, args)`, bit for bit.
+template <class Model>
+compiler::CompiledFunction check_step(const std::function<Model()>& make,
+                            const std::function<Tensor(Model&, const std::vector<Tensor>&)>& loss_of,
+                            const std::vector<Tensor>& args, compiler::CompileOptions options = {}) {
+  const std::function<std::vector<Tensor>(Model&, const std::vector<Tensor>&)> outputs_of =
+      [loss_of](Model& m, const std::vector<Tensor>& a) { return std::vector<Tensor>{loss_of(m, a)}; };
+  return compare_steps<Model>(make, outputs_of, args, std::move(options), same_bits);
+}
 
 }  // namespace kiln::testing

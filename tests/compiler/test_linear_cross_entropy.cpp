@@ -14,7 +14,6 @@
 #include "compiler_testing.h"
 #include "models/bert.h"
 #include "models/gpt2.h"
-#include "optim/sgd.h"
 #include "testing.h"
 
 using namespace kiln;
@@ -32,63 +31,24 @@ Graph optimized(const CompiledFunction& f, bool fuse = true) {
                       nullptr, false);
 }
 
-// One training step (loss, backward, SGD) of `model` as a traced function; its outputs are
-// the loss and whatever `extra` returns from the logits.
-template <class Model>
-TracedFunction step_of(std::shared_ptr<Model> m, optim::SGD& opt,
-                       std::function<Args(Model&, const Args&)> loss_and_extra) {
-  return [m, &opt, loss_and_extra](const Args& a) -> Args {
-    Args out = loss_and_extra(*m, a);
-    out[0].backward();
-    opt.step();
-    for (Tensor& t : out) t = t.detach();
-    return out;
-  };
-}
-
-// Runs the step compiled on one f64 model and eagerly on another built the same way, three
-// times, and checks every output and parameter agree to kRtol (relative to the largest
-// magnitude of each tensor). Returns the compiled function.
+// compare_steps on f64 models (built by `make`, then converted), every output and
+// parameter within kRtol of the largest magnitude of its eager twin.
 template <class Model>
 CompiledFunction check_step_close(const std::function<Model()>& make,
-                                  const std::function<Args(Model&, const Args&)>& loss_and_extra, const Args& args) {
-  auto model = std::make_shared<Model>(make());
-  auto reference = std::make_shared<Model>(make());
-  model->to(DType::f64);
-  reference->to(DType::f64);
-  optim::SGD sgd(model->parameters(), {.lr = 0.1}), reference_sgd(reference->parameters(), {.lr = 0.1});
-  CompiledFunction compiled = compile(step_of(model, sgd, loss_and_extra),
-                                      {.fullgraph = true, .trace = module_names(*model)});
-  const TracedFunction eager = step_of(reference, reference_sgd, loss_and_extra);
+                                  const std::function<Args(Model&, const Args&)>& outputs_of, const Args& args) {
+  const std::function<Model()> make_f64 = [make] {
+    Model m = make();
+    m.to(DType::f64);
+    return m;
+  };
   // Relative to the tensor's largest magnitude, and to at least 1e-2: the attention's key
   // bias gets a gradient that is zero but for rounding (softmax ignores a shift common to a
   // row's scores), so its values after a step are rounding noise on both sides.
-  auto close = [](const Tensor& got, const Tensor& want) {
+  const auto close = [](const Tensor& got, const Tensor& want) {
     const double scale = std::max(1e-2, amax(abs(want.to(DType::f64))).item<double>());
     return testing::allclose(got, want, 0, kRtol * scale);
   };
-  for (int call = 0; call < 3; ++call) {
-    INFO("call " << call);
-    manual_seed(40 + static_cast<uint64_t>(call));
-    const Args got = compiled(args);
-    model->zero_grad();
-    manual_seed(40 + static_cast<uint64_t>(call));
-    const Args want = eager(args);
-    reference->zero_grad();
-    for (size_t i = 0; i < got.size(); ++i) {
-      INFO("output " << i << ": " << got[i].str() << " eager " << want[i].str());
-      CHECK(close(got[i], want[i]));
-    }
-    const auto ref_params = reference->named_parameters();
-    size_t i = 0;
-    for (const auto& [name, p] : model->named_parameters()) {
-      INFO(name);
-      CHECK(close(p.detach(), ref_params.at(i++).second.detach()));
-    }
-  }
-  CHECK(compiled.recompiles() == 0);
-  CHECK(compiled.graph_breaks() == 0);
-  return compiled;
+  return testing::compare_steps<Model>(make_f64, outputs_of, args, {}, close);
 }
 
 models::BertConfig small_bert() {
