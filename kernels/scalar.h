@@ -91,8 +91,6 @@ KILN_HD float sin(float x) { return sinf(x); }
 KILN_HD double sin(double x) { return ::sin(x); }
 KILN_HD float cos(float x) { return cosf(x); }
 KILN_HD double cos(double x) { return ::cos(x); }
-KILN_HD float tanh(float x) { return tanhf(x); }
-KILN_HD double tanh(double x) { return ::tanh(x); }
 // erf in float, without branches so that a loop of it vectorizes (libm's erff is a call
 // per element: GELU's forward took 4 ms of the MLP block's step). |x| < 1: x + x p(2x^2 - 1);
 // 1 <= |x| < 3.92: 1 - q(|x| - 2.46), q fitting erfc; beyond, +-1 (the nearest float).
@@ -135,6 +133,25 @@ KILN_HD float exp_nonpositive(float x) {
   return x < -87.33f ? 0.0f : p * scale;
 }
 KILN_HD double exp_nonpositive(double x) { return ::exp(x); }
+// tanh in float, without branches or calls so that a loop of it vectorizes (libm's tanhf is
+// a call per element: GPT-2's tanh-form GELU took 9 ns an element, 15% of its compiled
+// step). |x| < 0.625: x + x^3 p(x^2), p the Taylor series to x^19 (truncated below 0.01 ulp
+// there); beyond, (1 - e) / (1 + e) with e = e^(-2|x|) <= 0.29, so no cancellation; both
+// on |x|, then the sign of x. Checked over every float against double tanh: at most 1.75 ulp off (without
+// FMA contraction, as kiln builds). +-1 at infinity, NaN stays NaN, -0 stays -0.
+KILN_HD float tanh(float x) {
+  const float a = fabsf(x), s = x * x;
+  const float coef[] = {-3.333333333e-01f, 1.333333333e-01f,  -5.396825397e-02f,
+                        2.186948854e-02f,  -8.863235530e-03f, 3.592128037e-03f,
+                        -1.455834387e-03f, 5.900274409e-04f,  -2.391291142e-04f};
+  float p = coef[8];
+  for (int i = 7; i >= 0; --i) p = p * s + coef[i];
+  const float small = a + a * (s * p);
+  const float e = exp_nonpositive(a * -2.0f);
+  const float large = (1.0f - e) / (1.0f + e);
+  return copysignf(a < 0.625f ? small : large, x);
+}
+KILN_HD double tanh(double x) { return ::tanh(x); }
 
 // ---- activations ----
 template <class T> KILN_HD T relu(T x) { return x < T(0) ? T(0) : x; }  // keeps NaN
