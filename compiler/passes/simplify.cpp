@@ -5,6 +5,9 @@
 // with 0: a training step that zero-fills .grad and adds the backward's gradient into it
 // becomes the gradient itself.
 #include <cmath>
+#include <optional>
+#include <utility>
+#include <vector>
 
 #include "compiler/passes/passes.h"
 
@@ -119,6 +122,85 @@ Replacement view_view(Rewriter& rw, const Candidate& c) {
   return Values{rw.add_op1("view", {inner.inputs.at(0)}, {{"shape", c.outputs.at(0).shape}}, c.source)};
 }
 
+// A zero pad's per-dim amounts (lo, hi), first dim first, for an input of `rank` dims;
+// nullopt for a pad with another value, negative amounts (a crop) or no pad op at all.
+std::optional<std::vector<std::pair<int64_t, int64_t>>> zero_pad_amounts(const Rewriter& rw, Value v) {
+  if (!rw.is_op(v, "pad")) return std::nullopt;
+  const Node& p = rw.producer(v);
+  if (p.attrs.scalar("value").to_double() != 0.0) return std::nullopt;
+  const std::vector<int64_t>& pads = p.attrs.ints("pads");
+  const size_t rank = rw.type(v).shape.size();
+  std::vector<std::pair<int64_t, int64_t>> amounts(rank, {0, 0});
+  for (size_t i = 0; i < pads.size() / 2; ++i) {
+    if (pads[2 * i] < 0 || pads[2 * i + 1] < 0) return std::nullopt;
+    amounts[rank - 1 - i] = {pads[2 * i], pads[2 * i + 1]};
+  }
+  return amounts;
+}
+
+// pad(a) + pad(b) where the two zero pads place a and b side by side along one dim (b starts
+// where a ends, or the other way round) and pad no other dim: pad(cat(a, b)), one copy where
+// there were two padded tensors and a sum. The backward of q, k, v sliced from one
+// projection sums three such pads.
+Replacement add_adjacent_pads(Rewriter& rw, const Candidate& c) {
+  if (!alpha_is_one(c)) return std::nullopt;
+  const auto pa = zero_pad_amounts(rw, c.inputs[0]), pb = zero_pad_amounts(rw, c.inputs[1]);
+  if (!pa || !pb || pa->size() != pb->size()) return std::nullopt;
+  int64_t dim = -1;
+  for (size_t d = 0; d < pa->size(); ++d) {
+    if ((*pa)[d] == std::pair<int64_t, int64_t>{0, 0} && (*pb)[d] == (*pa)[d]) continue;
+    if (dim >= 0) return std::nullopt;
+    dim = static_cast<int64_t>(d);
+  }
+  if (dim < 0) return std::nullopt;
+  const Value a = rw.producer(c.inputs[0]).inputs.at(0), b = rw.producer(c.inputs[1]).inputs.at(0);
+  const auto [a_lo, a_hi] = (*pa)[static_cast<size_t>(dim)];
+  const auto [b_lo, b_hi] = (*pb)[static_cast<size_t>(dim)];
+  const int64_t a_end = a_lo + rw.type(a).shape[static_cast<size_t>(dim)];
+  const int64_t b_end = b_lo + rw.type(b).shape[static_cast<size_t>(dim)];
+  Values pieces;
+  int64_t lo = 0, hi = 0;
+  if (a_end == b_lo) {
+    pieces = {a, b}, lo = a_lo, hi = b_hi;
+  } else if (b_end == a_lo) {
+    pieces = {b, a}, lo = b_lo, hi = a_hi;
+  } else {
+    return std::nullopt;
+  }
+  const Value joined = rw.add_op1("cat", pieces, {{"dim", dim}}, c.source);
+  std::vector<int64_t> pads(2 * pa->size() - 2 * static_cast<size_t>(dim), 0);
+  pads[pads.size() - 2] = lo;
+  pads[pads.size() - 1] = hi;
+  return Values{rw.add_op1("pad", {joined}, {{"pads", pads}, {"value", Scalar(0.0)}}, c.source)};
+}
+
+// A pad by nothing is its input.
+Replacement pad_nothing(Rewriter&, const Candidate& c) {
+  for (int64_t p : c.attrs.ints("pads"))
+    if (p != 0) return std::nullopt;
+  return Values{c.inputs.at(0)};
+}
+
+// cat(cat(a, b), c) along one dim is cat(a, b, c).
+Replacement cat_cat(Rewriter& rw, const Candidate& c) {
+  const int64_t rank = static_cast<int64_t>(c.outputs.at(0).shape.size());
+  auto wrapped = [rank](int64_t d) { return d < 0 ? d + rank : d; };
+  const int64_t dim = wrapped(c.attrs.i("dim"));
+  Values pieces;
+  bool flattened = false;
+  for (Value v : c.inputs) {
+    if (rw.is_op(v, "cat") && wrapped(rw.producer(v).attrs.i("dim")) == dim &&
+        static_cast<int64_t>(rw.type(v).shape.size()) == rank) {
+      for (Value inner : rw.producer(v).inputs) pieces.push_back(inner);
+      flattened = true;
+    } else {
+      pieces.push_back(v);
+    }
+  }
+  if (!flattened) return std::nullopt;
+  return Values{rw.add_op1("cat", pieces, {{"dim", dim}}, c.source)};
+}
+
 }  // namespace
 
 const std::vector<Rule>& simplify_rules() {
@@ -137,6 +219,9 @@ const std::vector<Rule>& simplify_rules() {
       {"identity_permute", {"permute"}, identity_permute},
       {"permute_permute", {"permute"}, permute_permute},
       {"view_view", {"view"}, view_view},
+      {"add_adjacent_pads", {"add"}, add_adjacent_pads},
+      {"pad_nothing", {"pad"}, pad_nothing},
+      {"cat_cat", {"cat"}, cat_cat},
   };
   return rules;
 }
