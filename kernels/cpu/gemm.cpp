@@ -99,6 +99,46 @@ void blas_gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, doub
 #endif
 
 template <class T>
+void library_gemm(GemmBackend backend, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha,
+                  const T* a, int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc);
+
+// oneDNN 2.7's f32 matmul slows down on some large shapes, measured on two threads here
+// (docs/design-notes.md, "oneDNN's large products in blocks"): with B not transposed and
+// more than 2048 columns (GPT-2's 768 -> 3072 layer and its weight gradient: 114-129
+// GFLOP/s, 300 in blocks of 1024 columns), with more than 16384 sums (the vocabulary
+// head's input gradient: 215 against 283 in blocks of 8192 added up) and with A
+// transposed and more than 16384 rows (the head's weight gradient: 189 against 305 in
+// blocks of 8192 rows). So those products run as several calls; blocks of rows or
+// columns are independent products, blocks of the sum add into C (beta 1 after the first).
+constexpr int64_t kDnnlColumnBlock = 1024, kDnnlMaxColumns = 2048;
+constexpr int64_t kDnnlBigBlock = 8192, kDnnlMaxBig = 16384;
+
+// One block, through oneDNN where it has a kernel for its strides and OpenBLAS or Eigen
+// where it has none.
+void dnnl_block(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (m * n * k > kDnnlMinWork && dnnl_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)) return;
+  library_gemm(current_backend(), trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+void dnnl_blocks(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                 int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  const int64_t column_block = !trans_b && n > kDnnlMaxColumns ? kDnnlColumnBlock
+                               : n > kDnnlMaxBig                 ? kDnnlBigBlock
+                                                                 : n;
+  const int64_t row_block = trans_a && m > kDnnlMaxBig ? kDnnlBigBlock : m;
+  const int64_t sum_block = k > kDnnlMaxBig ? kDnnlBigBlock : k;
+  for (int64_t i = 0; i < m; i += row_block)
+    for (int64_t j = 0; j < n; j += column_block)
+      for (int64_t l = 0; l < k; l += sum_block) {
+        const float* ab = a + (trans_a ? l * lda + i : i * lda + l);
+        const float* bb = b + (trans_b ? j * ldb + l : l * ldb + j);
+        dnnl_block(trans_a, trans_b, std::min(row_block, m - i), std::min(column_block, n - j),
+                   std::min(sum_block, k - l), alpha, ab, lda, bb, ldb, l == 0 ? beta : 1.0f, c + i * ldc + j, ldc);
+      }
+}
+
+template <class T>
 void gemm_impl(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
                int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
   KILN_CHECK(m >= 0 && n >= 0 && k >= 0, "gemm: negative size m={} n={} k={}", m, n, k);
@@ -116,10 +156,17 @@ void gemm_impl(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T al
   }
   const GemmBackend backend = current_backend();
   if constexpr (std::is_same_v<T, float>) {
-    if (backend == GemmBackend::dnnl && m * n * k > kDnnlMinWork &&
-        dnnl_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc))
+    if (backend == GemmBackend::dnnl && m * n * k > kDnnlMinWork) {
+      dnnl_blocks(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
       return;
+    }
   }
+  library_gemm(backend, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+template <class T>
+void library_gemm(GemmBackend backend, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha,
+                  const T* a, int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
 #ifdef KILN_HAVE_OPENBLAS
   const bool fits_int = std::max({m, n, k, lda, ldb, ldc}) <= INT_MAX;
   if (backend != GemmBackend::eigen && fits_int) {

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <limits>
 #include <random>
+#include <tuple>
 
 #include "core/ops/linalg.h"
 #include "kernels/cpu/gemm.h"
@@ -160,8 +161,13 @@ TEST_CASE("gemm: f32 products large enough for oneDNN, on every backend", "[lina
   INFO(cpu::gemm_backend_name(backend));
   // 96 x 100 x 70 is past the 2^19 multiply-adds from which the dnnl backend calls oneDNN;
   // leading dimensions wider than the rows; alpha and beta as the primitive's output scale
-  // and sum post-op.
-  const int64_t m = 96, n = 100, k = 70, pad = 3;
+  // and sum post-op. The others run in blocks on the dnnl backend (kernels/cpu/gemm.cpp):
+  // more than 2048 columns, more than 16384 sums (the last block small enough for
+  // OpenBLAS), more than 16384 rows (blocks where A is transposed) or columns.
+  const auto [m, n, k] = GENERATE(std::tuple<int64_t, int64_t, int64_t>{96, 100, 70}, std::tuple{12, 2100, 24},
+                                  std::tuple{6, 5, 17500}, std::tuple{16400, 6, 6}, std::tuple{2, 16400, 17});
+  INFO("m " << m << " n " << n << " k " << k);
+  const int64_t pad = 3;
   std::mt19937 rng(7);
   std::normal_distribution<float> normal;
   for (bool ta : {false, true}) {
