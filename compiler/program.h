@@ -80,7 +80,8 @@ class Program {
 
   // Profiling: when on, run() times every step (with a clock read per step, so leave it
   // off when not looking). profile() is a table of where a run's time goes, per kernel and
-  // per library op, averaged over the runs since profiling was turned on.
+  // per library op, averaged over the runs since profiling was turned on (leaving out the
+  // first of them once there is a second).
   void set_profiling(bool on);
   bool profiling() const { return profiling_; }
   std::string profile() const;
@@ -116,6 +117,7 @@ class Program {
   bool autotune_ = false;
   mutable std::vector<double> step_ms_;  // per step: total milliseconds while profiling
   mutable int64_t profiled_runs_ = 0;
+  mutable bool first_run_dropped_ = false;  // the first profiled run's times were left out
 };
 
 }  // namespace kiln::compiler

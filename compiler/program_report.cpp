@@ -45,6 +45,7 @@ void Program::set_profiling(bool on) {
   profiling_ = on;
   step_ms_.assign(steps_.size(), 0.0);
   profiled_runs_ = 0;
+  first_run_dropped_ = false;
 }
 
 std::string Program::profile() const {
@@ -74,8 +75,8 @@ std::string Program::profile() const {
   for (const auto& [label, row] : sorted)
     out += fmt::format("{:<40} {:>10.3f} {:>6.1f}% {:>6}\n", label, row.ms, total > 0 ? 100 * row.ms / total : 0.0,
                        row.steps);
-  out += fmt::format("{:<40} {:>10.3f} {:>6.1f}% {:>6}   ({} runs)\n", "total", total, 100.0, steps_.size(),
-                     profiled_runs_);
+  out += fmt::format("{:<40} {:>10.3f} {:>6.1f}% {:>6}   ({} run{}{})\n", "total", total, 100.0, steps_.size(),
+                     profiled_runs_, profiled_runs_ == 1 ? "" : "s", first_run_dropped_ ? " after the first" : "");
   return out;
 }
 
