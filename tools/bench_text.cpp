@@ -34,6 +34,7 @@ struct TextBenchOptions {
   bool profile = false;   // where the time goes, per op (eager) and per kernel (compiled), on stderr
   bool dropout = true;    // the configs' dropout (0.1, as HF's); --no-dropout turns it off
   std::vector<std::string> only;  // time these modes alone (empty: all)
+  std::optional<DType> amp;       // also the steps with the forward under autocast (f16: with a GradScaler)
 };
 
 bool is_bert(const std::string& arch) { return arch.starts_with("bert-"); }
@@ -200,6 +201,24 @@ int bench_text_train(const TextBenchOptions& o) {
     forward_backward({ids, labels});
     adamw.step();
   };
+  // --amp: the forward and the loss under autocast, the backward outside it (as kiln-train's
+  // --amp and PyTorch's recipe); f16 scales the loss and steps through a GradScaler.
+  std::optional<optim::GradScaler> scaler;
+  if (o.amp == DType::f16) scaler.emplace(optim::GradScalerOptions{.device = device});
+  auto amp_forward_backward = [&m, &o, &scaler, device](const std::vector<Tensor>& a) -> std::vector<Tensor> {
+    Tensor loss;
+    {
+      autocast scope({.device_type = device.type, .dtype = o.amp});
+      loss = m.loss(a[0], a[1]);
+    }
+    (scaler ? scaler->scale(loss) : loss).backward();
+    return {loss.detach()};
+  };
+  auto amp_update = [&] {
+    if (!scaler) return adamw.step();
+    scaler->step(adamw);
+    scaler->update();
+  };
   using Mode = StepMode;
   std::vector<Mode> modes;
   modes.push_back({"eager", eager_step, o.warmup});
@@ -227,6 +246,27 @@ int bench_text_train(const TextBenchOptions& o) {
         {.profile = o.profile});
     modes.push_back({"compiled-whole-step", [&] { (*whole)({ids, labels}); }, std::max<int64_t>(o.warmup, 2), {},
                      0, 0, &*whole});
+  }
+  std::optional<CompiledFunction> compiled_amp;
+  if (o.amp) {
+    const char* amp_name = o.amp == DType::f16 ? "fp16" : "bf16";
+    modes.push_back({fmt::format("eager-amp-{}", amp_name),
+                     [&] {
+                       adamw.zero_grad();
+                       amp_forward_backward({ids, labels});
+                       amp_update();
+                     },
+                     o.warmup});
+    if (o.compile) {
+      compiled_amp = compile(amp_forward_backward, {.profile = o.profile});
+      modes.push_back({fmt::format("compiled-amp-{}", amp_name),
+                       [&] {
+                         adamw.zero_grad();
+                         (*compiled_amp)({ids, labels});
+                         amp_update();
+                       },
+                       std::max<int64_t>(o.warmup, 2), {}, 0, 0, &*compiled_amp});
+    }
   }
   if (!o.only.empty()) {
     // The named modes, in the order given (a mode not traced is never compiled).
@@ -273,8 +313,11 @@ int bench_text_train(const TextBenchOptions& o) {
     const double ms = median_of(mode.ms);
     const auto [fastest, slowest] = std::ranges::minmax(mode.ms);
     std::string extra;
+    if (o.amp && mode.name.find("-amp-") != std::string::npos)
+      extra = fmt::format(R"(,"amp":"{}","loss_scaling":{})", o.amp == DType::f16 ? "fp16" : "bf16",
+                          scaler.has_value());
     if (mode.compiled) {
-      extra = fmt::format(R"(,"graphs":{})", mode.compiled->cache_size());
+      extra += fmt::format(R"(,"graphs":{})", mode.compiled->cache_size());
       if (eager_ms > 0)
         extra += fmt::format(R"(,"speedup_vs_eager":{:.3f},"peak_ratio_vs_eager":{:.3f})", eager_ms / ms,
                              mode.peak / eager_peak);
@@ -330,8 +373,13 @@ int bench_text_train(int argc, char** argv) {
     else if (option == "--vocab") o.vocab = number();
     else if (option == "--steps") o.steps = number();
     else if (option == "--warmup") o.warmup = number();
+    else if (option == "--amp") {
+      if (value == "bf16") o.amp = DType::bf16;
+      else if (value == "f16" || value == "fp16") o.amp = DType::f16;
+      else fail("kiln-bench train: --amp {}: expected bf16 or fp16", value);
+    }
     else fail("kiln-bench train: unknown option {} for --arch {} (the text models take --batch, --seq, "
-              "--vocab, --steps, --warmup, --device, --compile, --only, --profile, --no-dropout)", option, o.arch);
+              "--vocab, --steps, --warmup, --device, --amp, --compile, --only, --profile, --no-dropout)", option, o.arch);
   }
   check_range("kiln-bench train: --batch", o.batch, 1, 1 << 16);
   check_range("kiln-bench train: --seq", o.seq, 1, 1 << 16);
