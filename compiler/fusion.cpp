@@ -163,11 +163,9 @@ class Fuser {
     if (s == 0 || schedule_[s - 1].kind != ScheduleStep::reduction) return false;
     ScheduleStep& step = schedule_[s - 1];
     const int32_t first = step.nodes.front();
+    if (!only_conversions()) return false;
     for (int32_t m : run_) {
       const Node& node = g_.nodes()[static_cast<size_t>(m)];
-      // Conversions of dtype only: a layout copy (a clone) keeps its pointwise kernel.
-      if (node.def->elementwise != Elementwise::convert || g_.type(node.inputs.at(0)).dtype == node.outputs[0].dtype)
-        return false;
       for (Value v : node.inputs) {
         // The memory the kernel loads: the value behind any views.
         const Node* from = v.defined() ? &g_.node(v) : nullptr;
@@ -187,8 +185,21 @@ class Fuser {
     return true;
   }
 
+  // Whether the run is dtype conversions only (a layout copy, a clone, keeps its pointwise
+  // kernel).
+  bool only_conversions() const {
+    return std::all_of(run_.begin(), run_.end(), [&](int32_t m) {
+      const Node& node = g_.nodes()[static_cast<size_t>(m)];
+      return node.def->elementwise == Elementwise::convert &&
+             g_.type(node.inputs.at(0)).dtype != node.outputs[0].dtype;
+    });
+  }
+
   // Reduction node r: fused with the run nodes only it reads (the run's other nodes stay a
-  // pointwise kernel before it) when lower_reduction accepts that; else alone.
+  // pointwise kernel before it) when lower_reduction accepts that; else, when the run is
+  // conversions that r reads and others read too, with them as side outputs the kernel
+  // stores as it walks them (the logits gradient cast to bf16 for a Linear's GEMMs under
+  // autocast, which the bias gradient's sum reads in bf16); else alone.
   void reduction(int32_t r) {
     const Node& red = g_.nodes()[static_cast<size_t>(r)];
     if (!run_.empty() && !red.inputs.empty() && in_run_.contains(red.inputs[0].node)) {
@@ -220,6 +231,16 @@ class Fuser {
             return;
           }
         }
+      }
+    }
+    if (!run_.empty() && !red.inputs.empty() && in_run_.contains(red.inputs[0].node) && only_conversions()) {
+      std::vector<int32_t> nodes = run_;
+      nodes.push_back(r);
+      if (auto k = reduction_kernel(nodes)) {
+        push(std::move(nodes), ScheduleStep::reduction, std::move(*k));
+        run_.clear();
+        in_run_.clear();
+        return;
       }
     }
     flush();

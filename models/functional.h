@@ -2,7 +2,8 @@
 // nn::functional: the functional forms of the layers, as in torch.nn.functional. They are
 // kiln's ops themselves (core/ops/*.h), re-exposed here so that model code can say
 // `nn::functional::cross_entropy(model(x), y)`; argument orders are kiln's (batch_norm takes
-// weight and bias before the running statistics). `linear` is the one new composition.
+// weight and bias before the running statistics). `linear` and
+// `matmul_bias` are the new compositions.
 #include "core/ops/conv.h"
 #include "core/ops/dropout.h"
 #include "core/ops/elementwise.h"
@@ -17,6 +18,12 @@ namespace kiln::nn::functional {
 
 // x @ weight^T + bias for x [..., in], weight [out, in], bias [out] or undefined.
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = {});
+// x @ weight + bias for x [..., in], weight [in, out] (GPT-2's Conv1D), bias [out] or
+// undefined. Under autocast both are one addmm over x's rows, so that the bias joins the
+// product before its one rounding and the result has autocast's dtype, as PyTorch's
+// linear and addmm give (a product rounded to bf16 plus an f32 bias would promote to
+// f32); outside it, matmul then add.
+Tensor matmul_bias(const Tensor& x, const Tensor& weight, const Tensor& bias);
 
 // Activations
 using kiln::gelu;

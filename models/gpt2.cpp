@@ -13,6 +13,7 @@
 #include "core/ops/join.h"
 #include "core/ops/linalg.h"
 #include "core/ops/loss.h"
+#include "models/functional.h"
 #include "models/init.h"
 #include "models/token_inputs.h"
 
@@ -63,7 +64,7 @@ Conv1D::Conv1D(int64_t in_features, int64_t out_features) {
   add_parameter("bias", zeros({out_features}));
 }
 
-Tensor Conv1D::forward(const Tensor& x) { return kiln::add(matmul(x, weight()), bias()); }
+Tensor Conv1D::forward(const Tensor& x) { return nn::functional::matmul_bias(x, weight(), bias()); }
 
 std::string Conv1D::extra_repr() const {
   return fmt::format("nf={}, nx={}", weight().size(1), weight().size(0));

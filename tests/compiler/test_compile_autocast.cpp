@@ -110,11 +110,13 @@ return %5
 
 // The mixed-precision issue's count (kiln-ir --amp bf16 reports it): a compiled ResNet
 // step under autocast keeps stand-alone cast kernels only for values nothing computes (the
-// parameters of its convolutions and classifier, the image), on the CPU schedule and in its
-// CUDA renderings (compiled by NVRTC where the toolkit is there). The weight gradients'
-// casts are their convolutions' and GEMMs' own steps; the f32 gradient of the logits (cross
-// entropy runs in f32) cast to bf16 for the classifier's GEMMs is stored by the bias
-// gradient's sum, which reads it anyway.
+// parameters of its convolutions and classifier, the image) and for the classifier's
+// 10-element bias gradient. The weight gradients' casts are their convolutions' and GEMMs'
+// own steps, and so is the classifier's output (its addmm, bias included, runs in bf16 and
+// writes f32 logits for cross entropy); the f32 gradient of the logits cast to bf16 for the
+// classifier's GEMMs is stored by the bias gradient's sum, which reads it. That sum is in
+// bf16, as PyTorch's addmm backward gives it, and widened to the f32 parameter's dtype by
+// the one small cast.
 TEST_CASE("a compiled ResNet step under autocast has no stand-alone casts but of parameters and the input",
           "[compile][autocast][fusion]") {
   manual_seed(0);
@@ -129,11 +131,13 @@ TEST_CASE("a compiled ResNet step under autocast has no stand-alone casts but of
   int64_t matrices = 0, converting = 0;  // convolution and classifier weights; steps that convert
   for (const auto& [name, p] : model->named_parameters()) matrices += p.dim() >= 2;
   for (const compiler::ScheduleStep& s : steps) converting += s.converts_result();
-  CHECK(casts.of_inputs.size() == static_cast<size_t>(matrices + 1));  // and the image
+  CHECK(casts.of_inputs.size() == static_cast<size_t>(matrices + 2));  // the classifier's bias and the image
   // Every weight gradient comes out of its convolution or GEMM in f32 (before: a cast
-  // kernel each, 21 here).
-  CHECK(converting == matrices);
-  CHECK(casts.of_computed.empty());
+  // kernel each, 21 here), and the logits out of the classifier's addmm.
+  CHECK(converting == matrices + 1);
+  REQUIRE(casts.of_computed.size() == 1);
+  const compiler::Node& bias_cast = g.nodes()[static_cast<size_t>(steps[casts.of_computed[0]].nodes.at(0))];
+  CHECK(bias_cast.outputs[0].shape == Shape{10});
   int64_t reductions_storing_casts = 0;
   for (const compiler::ScheduleStep& s : steps)
     reductions_storing_casts += s.kind == compiler::ScheduleStep::reduction && s.kernel.num_outputs() > 1;

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "core/autocast.h"
 #include "models/functional.h"
 #include "models/init.h"
 #include "models/layers.h"
@@ -36,6 +37,43 @@ TEST_CASE("Linear matches x W^T + b and keeps leading dims", "[modules]") {
   nn::Linear no_bias(4, 3, {.bias = false});
   KILN_CHECK_CLOSE(no_bias(x), matmul(x, no_bias.weight().t()), 0, 0);
   CHECK_THROWS_WITH(linear(randn({2, 5})), Catch::Contains("linear") && Catch::Contains("[2,5]"));
+}
+
+TEST_CASE("under autocast linear and matmul_bias give autocast's dtype, the bias added before rounding",
+          "[modules][autocast]") {
+  // As PyTorch's linear and addmm: the operands and the bias in bf16, the sums in f32, one
+  // rounding to bf16 at the end (a bf16 product plus the f32 bias would promote to f32).
+  manual_seed(0);
+  const Tensor x = randn({2, 5, 8}), w = randn({3, 8}), b = randn({3});
+  auto bf16 = [](const Tensor& t) { return t.to(DType::bf16).to(DType::f64); };
+  // Reference: the bf16 operands' exact products and sums in f64, rounded once to bf16.
+  const Tensor exact = (matmul(bf16(x), bf16(w).t()) + bf16(b)).to(DType::bf16);
+  Tensor y, y_in_out, y_no_bias;
+  {
+    autocast scope({.device_type = DeviceType::cpu, .dtype = DType::bf16});
+    y = F::linear(x, w, b);
+    y_in_out = F::matmul_bias(x, w.t(), b);  // GPT-2's Conv1D: the weight stored [in, out]
+    y_no_bias = F::linear(x, w);
+  }
+  CHECK(y.dtype() == DType::bf16);
+  CHECK(y.shape() == Shape{2, 5, 3});
+  CHECK(y_no_bias.dtype() == DType::bf16);
+  // f32 sums of 9 terms are within 9 * 2^-24 of exact relative to the magnitudes, far below
+  // half a bf16 ulp (2^-9): the rounding to bf16 differs from the exact one at most where
+  // the exact value lies within that of a rounding boundary, by one bf16 ulp there.
+  KILN_CHECK_CLOSE(y.to(DType::f64), exact.to(DType::f64), 1.0 / 128, 0);
+  KILN_CHECK_CLOSE(y_in_out, y, 0, 0);
+  // Outside autocast: x W^T + b in f32, as before.
+  KILN_CHECK_CLOSE(F::matmul_bias(x, w.t(), b), matmul(x, w.t()) + b, 0, 0);
+  // The gradients reach the f32 parameters in f32.
+  Tensor wp = w.clone().requires_grad_(true), bp = b.clone().requires_grad_(true);
+  {
+    autocast scope({.device_type = DeviceType::cpu, .dtype = DType::bf16});
+    sum(F::linear(x, wp, bp).to(DType::f32)).backward();
+  }
+  CHECK(wp.grad().dtype() == DType::f32);
+  CHECK(bp.grad().dtype() == DType::f32);
+  KILN_CHECK_CLOSE(bp.grad(), full({3}, 10.0, {.dtype = DType::f32}), 0, 0);  // 2 x 5 rows of ones
 }
 
 TEST_CASE("Linear and Conv2d are initialized within 1 over sqrt fan_in", "[modules]") {
