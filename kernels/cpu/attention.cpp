@@ -20,6 +20,7 @@
 #include "core/ops/dropout.h"
 #include "core/philox.h"
 #include "core/registry.h"
+#include "kernels/cpu/row_max.h"
 #include "kernels/cpu/exp_f32.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/parallel.h"
@@ -36,6 +37,21 @@ template <class C>
 inline C exp_shifted(C x) {
   if constexpr (std::is_same_v<C, float>) return exp_f32(x);
   else return std::exp(x);
+}
+
+constexpr int64_t kLanes = 16;  // partial sums and maxima per score row, so its loops vectorize
+
+// The sum of a row of n scores over kLanes lanes, added up in a fixed order.
+template <class C, int64_t kL>
+__attribute__((always_inline)) inline C lane_sum(const C* x, int64_t n) {
+  C lanes[kL] = {};
+  int64_t k = 0;
+  for (; k + kL <= n; k += kL)
+    for (int64_t j = 0; j < kL; ++j) lanes[j] += x[k + j];
+  for (; k < n; ++k) lanes[0] += x[k];
+  C s = 0;
+  for (int64_t j = 0; j < kL; ++j) s += lanes[j];
+  return s;
 }
 
 constexpr int64_t kRows = 64;  // queries per tile
@@ -187,19 +203,19 @@ void forward(Span in, Span out, const Attrs& attrs) {
         pr.mask_tile(st.data(), b, r0, nr, c0, nc);
         for (int64_t i = 0; i < nr; ++i) {
           C* row = st.data() + i * kCols;
-          C m = max[static_cast<size_t>(i)];
-          for (int64_t j = 0; j < nc; ++j) m = std::max(m, row[j]);
+          const C m = std::max(max[static_cast<size_t>(i)], row_max<C, kLanes>(row, nc));
           if (m == kNegInf) {  // every key so far masked: nothing to add
             std::fill_n(row, nc, C(0));
             continue;
           }
           const C rescale = exp_shifted(max[static_cast<size_t>(i)] - m);
-          if (pr.p > 0) pr.keep_row(b, r0 + i, c0, nc, z.data());
-          C s = 0;
-          for (int64_t j = 0; j < nc; ++j) {
-            const C e = exp_shifted(row[j] - m);
-            s += e;
-            row[j] = pr.p > 0 ? e * z[static_cast<size_t>(j)] : e;
+          // The exponentials, their sum over kLanes lanes (fixed order), then the dropout
+          // factors: three loops that vectorize, where one summing as it went ran scalar.
+          for (int64_t j = 0; j < nc; ++j) row[j] = exp_shifted(row[j] - m);
+          const C s = lane_sum<C, kLanes>(row, nc);
+          if (pr.p > 0) {
+            pr.keep_row(b, r0 + i, c0, nc, z.data());
+            for (int64_t j = 0; j < nc; ++j) row[j] *= z[static_cast<size_t>(j)];
           }
           sum[static_cast<size_t>(i)] = sum[static_cast<size_t>(i)] * rescale + s;
           max[static_cast<size_t>(i)] = m;
