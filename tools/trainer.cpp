@@ -188,7 +188,7 @@ Tensor call_model(nn::Module& model, const Tensor& input, const Tensor& mask) {
   return model(input);
 }
 
-AmpChoice choose_amp(const Config& c) {
+AmpChoice choose_amp(const Config& c, int gpu) {
   AmpChoice choice;
   if (c.amp == "off") {
     choice.why = "f32";
@@ -199,7 +199,7 @@ AmpChoice choose_amp(const Config& c) {
     choice.dtype = DType::bf16;
     choice.why = "--amp auto on the CPU: bf16 (f16 has no fast CPU path, and bf16 needs no loss scaling)";
   } else {
-    const cuda::DeviceProperties props = cuda::device_properties(0);
+    const cuda::DeviceProperties props = cuda::device_properties(gpu);
     const int major = props.major, minor = props.minor;
     const bool bf16 = major >= 8;
     choice.dtype = bf16 ? DType::bf16 : DType::f16;
@@ -489,7 +489,7 @@ Result run(const Config& given, std::ostream& given_out) {
     cuda::set_allow_tf32(true);
     cuda::set_cudnn_benchmark(true);
   }
-  const AmpChoice amp = choose_amp(c);
+  const AmpChoice amp = choose_amp(c, gpu);
   std::optional<optim::GradScaler> scaler;
   // Made on the device now, not at its first use: a compiled micro-step must find the scale
   // tensor there before it is traced.

@@ -201,7 +201,8 @@ struct AmpChoice {
   bool loss_scaling = false;
   std::string why;
 };
-AmpChoice choose_amp(const Config& config);
+// `gpu`: the device index this process trains on (its rank's GPU in a data-parallel job).
+AmpChoice choose_amp(const Config& config, int gpu = 0);
 
 // One optimizer step on a global batch, cut into balanced micro-batches of at most
 // accumulation's micro_batch samples (optim::balanced_sizes): returns
