@@ -239,11 +239,6 @@ compiler::TracedFunction micro_step_function(nn::Module& model, double label_smo
   };
 }
 
-namespace {
-
-// One optimizer step whose micro-steps run through `micro_step` (micro_step_function, run
-// eagerly or compiled).
-// The optimizer's step after the last micro-step: unscale (once), clip, step, update.
 void finish_step(optim::Optimizer& optimizer, const Precision& precision) {
   if (precision.clip_grad_norm > 0) {
     if (precision.scaler) precision.scaler->unscale_(optimizer);
@@ -260,6 +255,10 @@ void finish_step(optim::Optimizer& optimizer, const Precision& precision) {
   }
 }
 
+namespace {
+
+// One optimizer step whose micro-steps run through `micro_step` (micro_step_function, run
+// eagerly or compiled).
 StepStats run_step(const compiler::TracedFunction& micro_step, optim::Optimizer& optimizer,
                    const optim::Accumulation& accumulation, const Tensor& input, const Tensor& target,
                    const Precision& precision, const DataParallelStep* dp, const Tensor& mask) {
@@ -343,31 +342,6 @@ StepStats train_step_compiled(compiler::CompiledFunction& compiled, optim::Optim
                               const Precision& precision, const DataParallelStep* data_parallel, const Tensor& mask) {
   return run_step([&compiled](const std::vector<Tensor>& args) { return compiled(args); }, optimizer, accumulation,
                   input, target, precision, data_parallel, mask);
-}
-
-compiler::TracedFunction whole_step_function(nn::Module& model, optim::Optimizer& optimizer,
-                                             const optim::Accumulation& accumulation, double label_smoothing,
-                                             const Precision& precision) {
-  return [micro_step = micro_step_function(model, label_smoothing, precision), &optimizer, accumulation,
-          precision](const std::vector<Tensor>& args) -> std::vector<Tensor> {
-    KILN_CHECK(args.size() == 2 && args[1].dim() == 1,
-               "whole_step_function: takes {{input, target}} with a class per sample (per-token targets and masks "
-               "need train_step's token weights), got {} arguments", args.size());
-    // In place: clearing .grad to none inside a compiled function would change its guard.
-    optimizer.zero_grad(/*set_to_none=*/false);
-    Tensor loss_sum, correct_sum;
-    const auto sizes = optim::balanced_sizes(args[0].size(0), accumulation.options().micro_batch);
-    for (const optim::MicroBatch& micro : accumulation.split(args[0], args[1], sizes)) {
-      const std::vector<Tensor> out = micro_step({micro.x, micro.y, micro.weight});
-      micro.finish();
-      NoGradGuard no_grad;
-      Tensor weighted = out[0].to(DType::f64) * micro.weight;
-      loss_sum = loss_sum.defined() ? loss_sum + weighted : weighted;
-      correct_sum = correct_sum.defined() ? correct_sum + out[1] : out[1];
-    }
-    finish_step(optimizer, precision);
-    return {loss_sum, correct_sum};
-  };
 }
 
 int64_t measure_step_bytes(nn::Module& model, const std::vector<int64_t>& sample_shape, int64_t classes,
@@ -560,7 +534,9 @@ Result run(const Config& given, std::ostream& given_out) {
     ddp.emplace(*model);
     ddp->attach(accumulation);
   }
-  std::optional<compiler::CompiledFunction> compiled, compiled_eval;
+  std::optional<compiler::CompiledFunction> compiled, compiled_whole, compiled_eval;
+  const StepGraphChoice step_graph = choose_step_graph(c, world);
+  compiler::TracedFunction eager_whole;  // the whole step's first run: the optimizer's state
   if (c.compile) {
     // --channels-last runs the whole step NHWC; otherwise the layout pass chooses (NHWC
     // convolutions on the CPU).
@@ -568,11 +544,17 @@ Result run(const Config& given, std::ostream& given_out) {
         .mode = c.compile_mode,
         .trace = compiler::module_names(*model),
         .layout = c.channels_last ? compiler::LayoutPolicy::channels_last : compiler::LayoutPolicy::automatic};
-    // The micro-steps are compiled and the optimizer's update stays eager. A graph holding
-    // the update too (whole_step_function) updates in place but was no faster on the CPU
-    // (ResNet-50, kiln-bench train --compile: 1.02-1.05x eager against 1.08-1.13x for the
-    // micro-steps) and holds the gradients through the step (1.07x eager's peak).
-    compiled = compiler::compile(micro_step_function(*model, c.label_smoothing, precision), options);
+    // On the CPU the micro-steps are compiled and the optimizer's update stays eager: a
+    // graph holding the update too (whole_step_function) updates in place but was no faster
+    // there (ResNet-50, kiln-bench train --compile: 1.02-1.05x eager against 1.08-1.13x for
+    // the micro-steps) and holds the gradients through the step (1.07x eager's peak). With
+    // CUDA graphs the whole step is one replay (choose_step_graph).
+    if (step_graph.whole) {
+      eager_whole = whole_step_function(*model, *optimizer, accumulation, c.label_smoothing, precision);
+      compiled_whole = compiler::compile(eager_whole, options);
+    }
+    else
+      compiled = compiler::compile(micro_step_function(*model, c.label_smoothing, precision), options);
     // Validation too: the forward in eval mode, no grad (guards of their own).
     compiled_eval = compiler::compile(
         [&model, format, dtype = amp.dtype](const std::vector<Tensor>& batch) {
@@ -603,6 +585,7 @@ Result run(const Config& given, std::ostream& given_out) {
                        c.lr_schedule, c.workers, c.compile ? "compiled (" + c.compile_mode + ")" : std::string("eager"));
     std::vector<std::string> differences = pytorch_differences(c);
     if (drop_last) differences.push_back("drops each epoch's last batch of 1 sample (batch norm)");
+    if (c.compile) out << fmt::format("  compiled step: {}\n", step_graph.why);
     out << fmt::format("  differs from PyTorch's defaults: {}\n",
                        differences.empty() ? std::string("nothing") : fmt::format("{}", fmt::join(differences, ", ")));
     out << fmt::format("  precision: {}{}{}\n", amp.why, amp.loss_scaling ? ", dynamic loss scaling" : "",
@@ -651,9 +634,15 @@ Result run(const Config& given, std::ostream& given_out) {
       const DataParallelStep data_parallel{.ddp = ddp ? &*ddp : nullptr, .world_size = world,
                                            .global_samples = batch.global_size};
       const DataParallelStep* dp = ddp ? &data_parallel : nullptr;
+      // The whole-step graph holds the update, which must find the optimizer's state made,
+      // and is traced once with the gradients defined: this run's first step is eager.
       const StepStats s =
-          compiled ? train_step_compiled(*compiled, *optimizer, accumulation, input, target, precision, dp, mask)
-                   : train_step(*model, *optimizer, accumulation, input, target, c.label_smoothing, precision, dp, mask);
+          compiled_whole
+              ? train_step_whole(steps_this_run == 0 ? eager_whole
+                                                     : [&](const std::vector<Tensor>& a) { return (*compiled_whole)(a); },
+                                 input, target, mask)
+          : compiled ? train_step_compiled(*compiled, *optimizer, accumulation, input, target, precision, dp, mask)
+                     : train_step(*model, *optimizer, accumulation, input, target, c.label_smoothing, precision, dp, mask);
       const double lr = optimizer->param_groups().front().lr();
       scheduler.step();
       ++step;
@@ -745,13 +734,17 @@ Result run(const Config& given, std::ostream& given_out) {
                            c.compile ? "compiled (" + c.compile_mode + ")" : std::string("eager"), c.device));
     if (!c.quiet) out << "plot: " << plot.string() << '\n';
   }
-  if (compiled && !c.quiet) {
-    out << fmt::format("compiled: {} training graphs ({} recompiles), {} validation graphs\n", compiled->cache_size(),
-                       compiled->recompiles(), compiled_eval->cache_size());
+  if (c.compile && !c.quiet) {
+    const compiler::CompiledFunction& training = compiled_whole ? *compiled_whole : *compiled;
+    out << fmt::format("compiled: {} training graphs{} ({} recompiles{}), {} validation graphs\n", training.cache_size(),
+                       compiled_whole ? " of the whole step" : "", training.recompiles(),
+                       training.graph_breaks() > 0 ? fmt::format(", {} with graph breaks, run split", training.graph_breaks())
+                                                   : "",
+                       compiled_eval->cache_size());
     // KILN_PROFILE=1 timed every kernel and library op of the programs: where the time went.
-    if (const char* env = std::getenv("KILN_PROFILE"); env && std::string(env) == "1") out << compiled->profile();
+    if (const char* env = std::getenv("KILN_PROFILE"); env && std::string(env) == "1") out << training.profile();
     if (c.compile_mode != "default") {
-      const compiler::CudaGraphStats g = compiled->cuda_graphs(), e = compiled_eval->cuda_graphs();
+      const compiler::CudaGraphStats g = training.cuda_graphs(), e = compiled_eval->cuda_graphs();
       out << fmt::format("CUDA graphs: {} captured, {} replays (validation: {} captured, {} replays){}\n",
                          g.captures, g.replays, e.captures, e.replays,
                          g.skipped.empty() ? "" : fmt::format("; not captured: {}", fmt::join(g.skipped, "; ")));
