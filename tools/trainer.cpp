@@ -499,7 +499,8 @@ Result run(const Config& given, std::ostream& given_out) {
                        : std::string());
   const RunLength length = run_length(c, per_epoch);
   const int64_t total_steps = length.steps, epochs = length.epochs;
-  optim::Scheduler scheduler(*optimizer, make_schedule(c, total_steps));
+  const std::shared_ptr<optim::LRSchedule> schedule = make_schedule(c, total_steps);
+  optim::Scheduler scheduler(*optimizer, schedule);
 
   int64_t micro = c.micro_batch > 0 ? c.micro_batch : c.batch;
   KILN_CHECK(!batch_norm || micro >= 2 || c.micro_batch_auto,
@@ -550,6 +551,11 @@ Result run(const Config& given, std::ostream& given_out) {
     // the micro-steps) and holds the gradients through the step (1.07x eager's peak). With
     // CUDA graphs the whole step is one replay (choose_step_graph).
     if (step_graph.whole) {
+      // On a GPU the update kernels read lr, momentum, dampening and weight decay from the
+      // device, so that the step's CUDA graph replays each step's values (choose_step_graph
+      // picks the whole step there for SGD only).
+      if (device.is_cuda() && c.optimizer == "sgd")
+        optimizer->move_hyperparameters(optim::SGD::tensor_hyperparameters(), device);
       eager_whole = whole_step_function(*model, *optimizer, accumulation, c.label_smoothing, precision);
       compiled_whole = compiler::compile(eager_whole, options);
     }
@@ -643,7 +649,9 @@ Result run(const Config& given, std::ostream& given_out) {
                                  input, target, mask)
           : compiled ? train_step_compiled(*compiled, *optimizer, accumulation, input, target, precision, dp, mask)
                      : train_step(*model, *optimizer, accumulation, input, target, c.label_smoothing, precision, dp, mask);
-      const double lr = optimizer->param_groups().front().lr();
+      // The step's lr as the schedule computes it on the host (what the scheduler wrote into
+      // the groups, which may live on the device).
+      const double lr = schedule->lr(scheduler.last_step(), scheduler.base_lrs().front());
       scheduler.step();
       ++step;
       ++steps_this_run;

@@ -18,6 +18,7 @@
 #include <sstream>
 
 #include "compiler/compile.h"
+#include "core/cuda.h"
 #include "data/dataset.h"
 #include "models/bert.h"
 #include "models/small_models.h"
@@ -278,6 +279,11 @@ TEST_CASE("whole step: which step graph kiln-train compiles, and why", "[trainer
     CHECK(train::choose_step_graph(c, 1).whole);
     CHECK_THAT(train::choose_step_graph(c, 1).why, Contains("one CUDA graph replay per optimizer step"));
   }
+  // AdamW's CUDA update reads its numbers on the host: no graph could be captured.
+  c.optimizer = "adamw";
+  CHECK_FALSE(train::choose_step_graph(c, 1).whole);
+  CHECK_THAT(train::choose_step_graph(c, 1).why, Contains("could not be captured"));
+  c.optimizer = "sgd";
   // Data parallel keeps the micro-steps (the all-reduce is eager hooks), forced or not.
   CHECK_FALSE(train::choose_step_graph(c, 2).whole);
   c.compile_whole_step = true;
@@ -294,4 +300,30 @@ TEST_CASE("whole step: --compile-whole-step is parsed and needs --compile", "[tr
   const char* without[] = {"kiln-train", "--compile-whole-step"};
   CHECK_THROWS_WITH(train::parse_args(2, without), Contains("--compile-whole-step needs --compile"));
   CHECK_THAT(train::usage(), Contains("--compile-whole-step"));
+}
+
+TEST_CASE("whole step: on a GPU, reduce-overhead replays one captured graph per optimizer step",
+          "[trainer][whole_step][cuda]") {
+  // Needs a GPU (none has run it yet). The whole step with SGD's hyperparameters on the
+  // device: captured once (after its warm-up run), replayed for every later step, and the
+  // cosine schedule's lr reaching every replay: the losses follow the eager GPU run's as
+  // the micro-step runs do in test_trainer.cpp (cuDNN's and cuBLAS's orders of sums).
+  train::Config c = small_cnn();
+  c.device = "cuda";
+  if (!cuda::is_available()) {
+    REQUIRE_THROWS_WITH(run(c), Contains("--device cuda: CUDA is not available"));
+    return;
+  }
+  const train::Result eager = run(c);
+  c.compile = true;
+  c.compile_mode = "reduce-overhead";
+  train::Result graphed;
+  const std::string printed = run_printing(c, graphed);
+  CHECK_THAT(printed, Contains("compiled step: the whole step as one graph"));
+  // 10 steps: the first eager, the second traces and runs the program (warm-up), the third
+  // captures, seven replays.
+  CHECK_THAT(printed, Contains("CUDA graphs: 1 captured, 7 replays"));
+  REQUIRE(graphed.step_losses.size() == eager.step_losses.size());
+  for (size_t i = 0; i < eager.step_losses.size(); ++i)
+    CHECK(graphed.step_losses[i] == Approx(eager.step_losses[i]).epsilon(1e-2));
 }
