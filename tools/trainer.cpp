@@ -24,6 +24,7 @@
 #include "core/ops/loss.h"
 #include "core/ops/join.h"
 #include "core/ops/reduce.h"
+#include "core/registry.h"
 #include "core/storage.h"
 #include "data/datasets.h"
 #include "data/image.h"
@@ -212,136 +213,6 @@ AmpChoice choose_amp(const Config& c) {
   if (choice.dtype && c.loss_scale != "auto")
     choice.why += fmt::format(", --loss-scale {}", c.loss_scale);
   return choice;
-}
-
-compiler::TracedFunction micro_step_function(nn::Module& model, double label_smoothing, const Precision& precision) {
-  return [&model, label_smoothing, precision](const std::vector<Tensor>& args) -> std::vector<Tensor> {
-    // Per-token targets: the sum over the predicted tokens, each weighted 1 / (the global
-    // batch's count) by args[2]; per-sample targets: the micro-batch's mean.
-    const bool per_token = args[1].dim() == 2;
-    Tensor logits, loss;
-    {
-      // Forward and loss under autocast; backward outside it, as PyTorch recommends (its ops
-      // run in the dtypes their forward chose).
-      autocast amp({.device_type = args[0].device().type,
-                    .dtype = precision.autocast,
-                    .enabled = precision.autocast.has_value()});
-      logits = call_model(model, args[0], args.size() > 3 ? args[3] : Tensor());
-      loss = per_token ? cross_entropy(logits.reshape({-1, logits.size(-1)}), args[1].reshape({-1}),
-                                       {.reduction = "sum", .label_smoothing = label_smoothing})
-                       : cross_entropy(logits, args[1], {.label_smoothing = label_smoothing});
-    }
-    const Tensor weighted = loss * args[2].to(loss.dtype());
-    (precision.scaler ? precision.scaler->scale(weighted) : weighted).backward();
-    NoGradGuard no_grad;
-    // An ignored token's target (kIgnoreIndex) is never the argmax.
-    return {loss.detach(), sum(eq(argmax(logits.detach(), -1), args[1]))};
-  };
-}
-
-void finish_step(optim::Optimizer& optimizer, const Precision& precision) {
-  if (precision.clip_grad_norm > 0) {
-    if (precision.scaler) precision.scaler->unscale_(optimizer);
-    std::vector<Tensor> params;
-    for (const optim::ParamGroup& group : optimizer.param_groups())
-      params.insert(params.end(), group.params.begin(), group.params.end());
-    optim::clip_grad_norm_(params, precision.clip_grad_norm);
-  }
-  if (precision.scaler) {
-    precision.scaler->step(optimizer);
-    precision.scaler->update();
-  } else {
-    optimizer.step();
-  }
-}
-
-namespace {
-
-// One optimizer step whose micro-steps run through `micro_step` (micro_step_function, run
-// eagerly or compiled).
-StepStats run_step(const compiler::TracedFunction& micro_step, optim::Optimizer& optimizer,
-                   const optim::Accumulation& accumulation, const Tensor& input, const Tensor& target,
-                   const Precision& precision, const DataParallelStep* dp, const Tensor& mask) {
-  StepStats stats;
-  KILN_CHECK(!mask.defined() || (mask.dim() == 2 && input.dim() == 2 && mask.shape() == input.shape()),
-             "train_step: a mask {} goes with token batches [N, L] of its shape, got input {}",
-             mask.defined() ? mask.meta_str() : "", input.meta_str());
-  // Per-token targets: every micro-step weighs a token W / (the global batch's count of
-  // predicted tokens), counted on the device (and summed over the ranks), so the step reads
-  // nothing back before its end. With no token to predict the weight is W (the loss is 0).
-  const bool per_token = target.dim() == 2;
-  Tensor token_weight, predicted;
-  if (per_token) {
-    NoGradGuard no_grad;
-    predicted = sum(ne(target, data::kIgnoreIndex)).to(DType::f64);
-    if (dp) {
-      const Tensor global = predicted.to(Device::cpu()).reshape({1}).contiguous();
-      dist::all_reduce(global).wait();
-      predicted = global.reshape({}).to(target.device());
-    }
-    token_weight = div(scalar_tensor(static_cast<double>(dp ? dp->world_size : 1), DType::f64, target.device()),
-                       maximum(predicted, scalar_tensor(1.0, DType::f64, target.device())));
-  }
-  // The step's loss is the mean over the global batch: each micro-batch's mean loss
-  // weighted by its share of the samples (the weight the gradient used). Summed where the
-  // micro-steps run and read once per step, after the update: a micro-step reads nothing
-  // back (on a GPU, a read would wait for the device each time).
-  Tensor loss_sum, correct_sum;
-  const std::vector<optim::MicroBatch> micros =
-      dp ? accumulation.split_shard(input, target, {.samples = dp->global_samples, .world_size = dp->world_size})
-         : accumulation.split(input, target, optim::balanced_sizes(input.size(0), accumulation.options().micro_batch));
-  for (const optim::MicroBatch& micro : micros) {
-    // Data parallel: the gradients are all-reduced on the last micro-step only.
-    std::optional<dist::DistributedDataParallel::NoSync> no_sync;
-    if (dp) no_sync.emplace(*dp->ddp, !micro.is_last);
-    const Tensor weight = per_token ? token_weight : micro.weight;
-    std::vector<Tensor> args{micro.x, micro.y, weight};
-    if (mask.defined()) args.push_back(mask.narrow(0, micro.start, micro.size));
-    const std::vector<Tensor> out = micro_step(args);
-    micro.finish();
-    NoGradGuard no_grad;
-    const Tensor weighted = out[0].to(DType::f64) * weight.to(out[0].device());
-    loss_sum = loss_sum.defined() ? loss_sum + weighted : weighted;
-    correct_sum = correct_sum.defined() ? correct_sum + out[1] : out[1];
-    stats.samples += micro.size;
-  }
-  finish_step(optimizer, precision);
-  optimizer.zero_grad();
-  if (dp) {
-    // Every rank's sums in one all-reduce. With split_shard's weights (W size / N) the
-    // ranks' weighted losses add up to W times the global batch's mean.
-    NoGradGuard no_grad;
-    const Tensor local = stack({loss_sum.to(DType::f64).to(Device::cpu()), correct_sum.to(DType::f64).to(Device::cpu()),
-                                scalar_tensor(static_cast<double>(stats.samples), DType::f64)})
-                             .contiguous();
-    dist::all_reduce(local).wait();
-    const double* sums = local.data_ptr<double>();
-    stats.loss = sums[0] / dp->world_size;
-    stats.correct = static_cast<int64_t>(sums[1]);
-    stats.samples = static_cast<int64_t>(sums[2]);
-    stats.predicted = per_token ? static_cast<int64_t>(predicted.item<double>()) : stats.samples;
-    return stats;
-  }
-  stats.loss = loss_sum.item<double>();
-  stats.correct = correct_sum.item<int64_t>();
-  stats.predicted = per_token ? static_cast<int64_t>(predicted.item<double>()) : stats.samples;
-  return stats;
-}
-
-}  // namespace
-
-StepStats train_step(nn::Module& model, optim::Optimizer& optimizer, const optim::Accumulation& accumulation,
-                     const Tensor& input, const Tensor& target, double label_smoothing, const Precision& precision,
-                     const DataParallelStep* data_parallel, const Tensor& mask) {
-  return run_step(micro_step_function(model, label_smoothing, precision), optimizer, accumulation, input, target,
-                  precision, data_parallel, mask);
-}
-
-StepStats train_step_compiled(compiler::CompiledFunction& compiled, optim::Optimizer& optimizer,
-                              const optim::Accumulation& accumulation, const Tensor& input, const Tensor& target,
-                              const Precision& precision, const DataParallelStep* data_parallel, const Tensor& mask) {
-  return run_step([&compiled](const std::vector<Tensor>& args) { return compiled(args); }, optimizer, accumulation,
-                  input, target, precision, data_parallel, mask);
 }
 
 int64_t measure_step_bytes(nn::Module& model, const std::vector<int64_t>& sample_shape, int64_t classes,
@@ -633,6 +504,49 @@ Result run(const Config& given, std::ostream& given_out) {
     int64_t seen_now = 0;  // samples of this epoch run by this process, for the rates
     progress.start_epoch(epoch, epochs, std::min(per_epoch, start + total_steps - step));
     int64_t batch_index = start;
+    // Steps whose statistics are still where the step left them (on a GPU, the device), with
+    // what the host knew of each: read together (read_steps) when a progress line is due,
+    // for every log line, before a checkpoint and at the epoch's end, and only then added to
+    // the epoch's sums, the step losses and the log, and checked for a loss that is not
+    // finite, in step order: the same numbers as a read per step, one wait per read.
+    struct Unread {
+      PendingStepStats stats;
+      int64_t step = 0, batch_index = 0;
+      double lr = 0, rate = 0;
+    };
+    std::vector<Unread> unread;
+    auto read_unread = [&] {
+      std::vector<PendingStepStats> pending;
+      for (const Unread& u : unread) pending.push_back(u.stats);
+      const std::vector<StepStats> read = read_steps(pending);
+      const std::vector<Unread> steps = std::move(unread);
+      unread.clear();
+      for (size_t i = 0; i < read.size(); ++i) {
+        const StepStats& s = read[i];
+        const Unread& u = steps[i];
+        // The epoch's means are over the predictions: samples, or predicted tokens (mlm, clm).
+        loss_sum += s.loss * s.predicted;
+        correct += s.correct;
+        seen += s.predicted;
+        result.step_losses.push_back(s.loss);
+        if (log.is_open())
+          log << fmt::format(R"({{"step":{},"epoch":{},"loss":{},"lr":{},"{}":{:.1f},"accuracy":{}{}}})", u.step,
+                             epoch + 1, json_number(s.loss), json_number(u.lr), text ? "tok_per_s" : "img_per_s",
+                             u.rate, json_number(static_cast<double>(s.correct) / std::max<int64_t>(s.predicted, 1)),
+                             scaler ? fmt::format(R"(,"loss_scale":{})", json_number(scaler->get_scale())) : "")
+              << '\n'
+              << std::flush;
+        // Nothing can be learnt past a NaN or infinite loss (the weights it updated are lost
+        // too; a loss scaler skips steps whose gradients overflow, not a loss that did).
+        // Found when the step is read: with no log, at the next progress line or the epoch's end.
+        if (!std::isfinite(s.loss)) {
+          progress.finish();
+          fail("kiln-train: step {} (epoch {}, batch {} of {}): the loss is {}; stopped (a smaller --lr, or "
+               "--warmup, may help)",
+               u.step, epoch + 1, u.batch_index, per_epoch, std::isnan(s.loss) ? "NaN" : s.loss > 0 ? "inf" : "-inf");
+        }
+      }
+    };
     for (data::Batch& batch : train_loader.epoch(epoch, start)) {
       const auto t0 = Clock::now();
       const Tensor input = batch.input.to(device).contiguous(format), target = batch.target.to(device);
@@ -642,13 +556,15 @@ Result run(const Config& given, std::ostream& given_out) {
       const DataParallelStep* dp = ddp ? &data_parallel : nullptr;
       // The whole-step graph holds the update, which must find the optimizer's state made,
       // and is traced once with the gradients defined: this run's first step is eager.
-      const StepStats s =
+      const compiler::TracedFunction micro_step =
+          compiled ? [&](const std::vector<Tensor>& a) { return (*compiled)(a); }
+                   : micro_step_function(*model, c.label_smoothing, precision);
+      PendingStepStats s =
           compiled_whole
-              ? train_step_whole(steps_this_run == 0 ? eager_whole
-                                                     : [&](const std::vector<Tensor>& a) { return (*compiled_whole)(a); },
-                                 input, target, mask)
-          : compiled ? train_step_compiled(*compiled, *optimizer, accumulation, input, target, precision, dp, mask)
-                     : train_step(*model, *optimizer, accumulation, input, target, c.label_smoothing, precision, dp, mask);
+              ? run_whole_step(steps_this_run == 0 ? eager_whole
+                                                   : [&](const std::vector<Tensor>& a) { return (*compiled_whole)(a); },
+                               input, target, mask)
+              : run_micro_steps(micro_step, *optimizer, accumulation, input, target, precision, dp, mask);
       // The step's lr as the schedule computes it on the host (what the scheduler wrote into
       // the groups, which may live on the device).
       const double lr = schedule->lr(scheduler.last_step(), scheduler.base_lrs().front());
@@ -656,35 +572,18 @@ Result run(const Config& given, std::ostream& given_out) {
       ++step;
       ++steps_this_run;
       batch_index = batch.index + 1;  // the loader's position: a batch of bad images only is skipped
-      // The epoch's means are over the predictions: samples, or predicted tokens (mlm, clm).
-      loss_sum += s.loss * s.predicted;
-      correct += s.correct;
-      seen += s.predicted;
       // The rate counts images, or tokens that are not padding (this rank's times the ranks).
       const int64_t units = text ? (batch.mask.defined() ? sum(batch.mask).item<int64_t>() : batch.input.numel()) * world
                                  : s.samples;
       seen_now += units;
-      result.step_losses.push_back(s.loss);
-      const double rate = units / std::max(seconds_since(t0), 1e-9);
-      if (log.is_open())
-        log << fmt::format(R"({{"step":{},"epoch":{},"loss":{},"lr":{},"{}":{:.1f},"accuracy":{}{}}})", step,
-                           epoch + 1, json_number(s.loss), json_number(lr), text ? "tok_per_s" : "img_per_s", rate,
-                           json_number(static_cast<double>(s.correct) / std::max<int64_t>(s.predicted, 1)),
-                           scaler ? fmt::format(R"(,"loss_scale":{})", json_number(scaler->get_scale())) : "")
-            << '\n'
-            << std::flush;
-      // Nothing can be learnt past a NaN or infinite loss (the weights it updated are lost
-      // too; a loss scaler skips steps whose gradients overflow, not a loss that did).
-      if (!std::isfinite(s.loss)) {
-        progress.finish();
-        fail("kiln-train: step {} (epoch {}, batch {} of {}): the loss is {}; stopped (a smaller --lr, or "
-             "--warmup, may help)",
-             step, epoch + 1, batch_index, per_epoch, std::isnan(s.loss) ? "NaN" : s.loss > 0 ? "inf" : "-inf");
-      }
-      progress.step(batch_index, step, loss_sum / std::max<int64_t>(seen, 1),
-                    seen_now / std::max(seconds_since(epoch_start), 1e-9),
-                    text ? std::optional<double>(static_cast<double>(correct) / std::max<int64_t>(seen, 1))
-                         : std::nullopt);
+      unread.push_back({std::move(s), step, batch_index, lr, units / std::max(seconds_since(t0), 1e-9)});
+      const bool show = progress.due(batch_index);
+      if (show || log.is_open()) read_unread();
+      if (show)
+        progress.step(batch_index, step, loss_sum / std::max<int64_t>(seen, 1),
+                      seen_now / std::max(seconds_since(epoch_start), 1e-9),
+                      text ? std::optional<double>(static_cast<double>(correct) / std::max<int64_t>(seen, 1))
+                           : std::nullopt);
       bool stop = stop_requested.load() || (c.stop_after_steps > 0 && steps_this_run >= c.stop_after_steps);
       if (world > 1) {
         // Every rank stops after the same step (Ctrl-C reaches them at different moments).
@@ -693,6 +592,7 @@ Result run(const Config& given, std::ostream& given_out) {
         stop = any.data_ptr<double>()[0] > 0;
       }
       if (stop && step < total_steps) {
+        read_unread();
         progress.finish();
         const fs::path dir = c.checkpoint_dir.empty() ? fs::path("kiln-train-interrupted") : c.checkpoint_dir;
         if (rank == 0) save(epoch, batch_index, dir, loss_sum, correct, seen);
@@ -706,6 +606,7 @@ Result run(const Config& given, std::ostream& given_out) {
       }
       if (step >= total_steps) break;
     }
+    read_unread();
     progress.finish();
     EpochRecord record{.epoch = epoch,
                        .train_loss = seen ? loss_sum / seen : 0,

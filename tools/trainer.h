@@ -222,6 +222,20 @@ struct StepStats {
   int64_t samples = 0;
   int64_t predicted = 0;  // the predictions the loss and the accuracy are over: samples, or tokens
 };
+// A step's statistics as the step left them: on the batch's device (host tensors in
+// data-parallel runs, whose all-reduce reads them anyway). read_steps reads those of many
+// steps in one transfer, so that kiln-train on a GPU waits for the device once per printed
+// or logged line and at an epoch's end, not once per step or micro-step.
+struct PendingStepStats {
+  Tensor loss;       // 0-d f64: the global batch's mean loss
+  Tensor correct;    // 0-d: correct predictions
+  Tensor predicted;  // 0-d: predicted tokens; undefined: `samples` predictions
+  int64_t samples = 0;
+};
+// The host values of `steps`, in order, exactly as each step's own reads would give them,
+// through one read (one host read reported, as "read_steps").
+std::vector<StepStats> read_steps(const std::vector<PendingStepStats>& steps);
+
 // `mask` is the token batches' padding mask (undefined for images).
 StepStats train_step(nn::Module& model, optim::Optimizer& optimizer, const optim::Accumulation& accumulation,
                      const Tensor& input, const Tensor& target, double label_smoothing,
@@ -273,6 +287,15 @@ StepGraphChoice choose_step_graph(const Config& config, int world_size);
 // first step (the optimizer's state) with the eager whole_step_function, then compiled.
 StepStats train_step_whole(const compiler::TracedFunction& whole, const Tensor& input, const Tensor& target,
                            const Tensor& mask = {});
+// The same, its statistics left unread.
+PendingStepStats run_whole_step(const compiler::TracedFunction& whole, const Tensor& input, const Tensor& target,
+                                const Tensor& mask = {});
+// train_step (micro_step: micro_step_function, called eagerly or compiled), its statistics
+// left unread.
+PendingStepStats run_micro_steps(const compiler::TracedFunction& micro_step, optim::Optimizer& optimizer,
+                                 const optim::Accumulation& accumulation, const Tensor& input, const Tensor& target,
+                                 const Precision& precision = {}, const DataParallelStep* data_parallel = nullptr,
+                                 const Tensor& mask = {});
 
 // train_step with each micro-step run by `compiled` (made from micro_step_function with the
 // same precision).

@@ -93,17 +93,17 @@ StepGraphChoice choose_step_graph(const Config& c, int world_size) {
                        "the gradients longer; --compile-whole-step asks for it)"};
 }
 
-StepStats train_step_whole(const compiler::TracedFunction& whole, const Tensor& input, const Tensor& target,
-                           const Tensor& mask) {
+PendingStepStats run_whole_step(const compiler::TracedFunction& whole, const Tensor& input, const Tensor& target,
+                                const Tensor& mask) {
   std::vector<Tensor> args{input, target};
   if (mask.defined()) args.push_back(mask);
   const std::vector<Tensor> out = whole(args);
-  StepStats stats;
-  stats.loss = out[0].item<double>();
-  stats.correct = out[1].item<int64_t>();
-  stats.samples = input.size(0);
-  stats.predicted = out.size() > 2 ? static_cast<int64_t>(out[2].item<double>()) : stats.samples;
-  return stats;
+  return {out[0], out[1], out.size() > 2 ? out[2] : Tensor(), input.size(0)};
+}
+
+StepStats train_step_whole(const compiler::TracedFunction& whole, const Tensor& input, const Tensor& target,
+                           const Tensor& mask) {
+  return read_steps({run_whole_step(whole, input, target, mask)}).front();
 }
 
 }  // namespace kiln::train
