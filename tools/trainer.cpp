@@ -47,6 +47,7 @@
 #include "optim/lr_schedule.h"
 #include "optim/sgd.h"
 #include "tools/checkpoint.h"
+#include "tools/device_batches.h"
 #include "tools/progress.h"
 #include "tools/train_data.h"
 
@@ -495,6 +496,7 @@ Result run(const Config& given, std::ostream& given_out) {
   };
 
   int64_t steps_this_run = 0;
+  DeviceBatchCopier copier(device);
   for (int64_t epoch = state.epoch; epoch < epochs && step < total_steps; ++epoch) {
     const int64_t start = epoch == state.epoch ? state.batch : 0;
     // A resumed epoch continues the sums of the batches run before the interruption.
@@ -547,10 +549,20 @@ Result run(const Config& given, std::ostream& given_out) {
         }
       }
     };
-    for (data::Batch& batch : train_loader.epoch(epoch, start)) {
+    // One batch ahead: the next batch's copies to the device are queued before the current
+    // step (on a GPU on a copy stream of their own, so they overlap it; DeviceBatchCopier).
+    data::Loader::Epoch batches = train_loader.epoch(epoch, start);
+    auto next = batches.begin();
+    std::optional<DeviceBatch> ahead;
+    if (next != batches.end()) ahead = copier.start(std::move(*next));
+    while (ahead) {
+      const DeviceBatch current = std::move(*ahead);
+      ahead.reset();
+      if (++next != batches.end()) ahead = copier.start(std::move(*next));
+      const data::Batch& batch = current.host;
       const auto t0 = Clock::now();
-      const Tensor input = batch.input.to(device).contiguous(format), target = batch.target.to(device);
-      const Tensor mask = batch.mask.defined() ? batch.mask.to(device) : Tensor();
+      copier.wait(current);
+      const Tensor input = current.input.contiguous(format), &target = current.target, &mask = current.mask;
       const DataParallelStep data_parallel{.ddp = ddp ? &*ddp : nullptr, .world_size = world,
                                            .global_samples = batch.global_size};
       const DataParallelStep* dp = ddp ? &data_parallel : nullptr;
