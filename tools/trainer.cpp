@@ -24,7 +24,6 @@
 #include "core/ops/loss.h"
 #include "core/ops/join.h"
 #include "core/ops/reduce.h"
-#include "core/registry.h"
 #include "core/storage.h"
 #include "data/datasets.h"
 #include "data/image.h"
@@ -430,9 +429,9 @@ Result run(const Config& given, std::ostream& given_out) {
         optimizer->move_hyperparameters(optim::SGD::tensor_hyperparameters(), device);
       eager_whole = whole_step_function(*model, *optimizer, accumulation, c.label_smoothing, precision);
       compiled_whole = compiler::compile(eager_whole, options);
-    }
-    else
+    } else {
       compiled = compiler::compile(micro_step_function(*model, c.label_smoothing, precision), options);
+    }
     // Validation too: the forward in eval mode, no grad (guards of their own).
     compiled_eval = compiler::compile(
         [&model, format, dtype = amp.dtype](const std::vector<Tensor>& batch) {
