@@ -30,6 +30,7 @@ StreamGuard::~StreamGuard() = default;
 Event::Event(int) { unavailable("cuda::Event"); }
 Event::~Event() = default;
 void Event::record(Stream) { unavailable("cuda::Event::record"); }
+void Event::wait(Stream) const { unavailable("cuda::Event::wait"); }
 void Event::synchronize() const { unavailable("cuda::Event::synchronize"); }
 float Event::elapsed_ms(const Event&) const { unavailable("cuda::Event::elapsed_ms"); }
 AllocatorStats allocator_stats(int) { return {}; }

@@ -76,6 +76,9 @@ class Event {
   Event& operator=(const Event&) = delete;
   void record(Stream stream);
   void record() { record(current_stream(device_)); }
+  // Makes the work queued on `stream` from now on wait for what this event's last record()
+  // covers, without the host waiting (cudaStreamWaitEvent).
+  void wait(Stream stream) const;
   void synchronize() const;
   // Milliseconds from `start` (recorded earlier) to this event; both must have completed.
   float elapsed_ms(const Event& start) const;

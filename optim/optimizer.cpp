@@ -21,7 +21,8 @@ double ParamGroup::get(const std::string& name) const {
 }
 
 void ParamGroup::set(const std::string& name, double value) {
-  get(name);  // the error for an unknown name
+  // The error for an unknown name, without reading the value (on a device, a wait).
+  if (!hyper.contains(name)) get(name);
   // An op, not a raw write: inside a compiled step a tracer records it (a write-back of the
   // hyperparameter), and a split run orders it after the deferred updates that read it.
   hyper.at(name).fill_(value);
@@ -52,6 +53,14 @@ void Optimizer::add_param_group(const ParamGroupSpec& spec) {
   }
   check_group(group);
   groups_.push_back(std::move(group));
+}
+
+void Optimizer::move_hyperparameters(const std::vector<std::string>& names, Device device) {
+  for (ParamGroup& group : groups_)
+    for (const std::string& name : names) {
+      group.get(name);  // the error for an unknown name
+      group.hyper[name] = group.hyper[name].to(device);
+    }
 }
 
 void Optimizer::zero_grad(bool set_to_none) {

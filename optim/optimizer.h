@@ -55,6 +55,13 @@ class Optimizer {
   std::vector<ParamGroup>& param_groups() { return groups_; }
   const std::vector<ParamGroup>& param_groups() const { return groups_; }
 
+  // Moves hyperparameters `names` of every group to `device`, once (set() writes into the
+  // moved tensors from then on), so that the update kernels read them where they run: a CUDA
+  // graph of a whole training step holds no host tensor and replays each step's lr. get()
+  // then reads the device. Leave the flags a step reads on the host (SGD's nesterov,
+  // maximize) where they are: a compiled step checks their value at every call.
+  void move_hyperparameters(const std::vector<std::string>& names, Device device);
+
   // Clears every parameter's gradient: undefined (set_to_none) or filled with zeros.
   void zero_grad(bool set_to_none = true);
   // One update of every parameter that has a gradient, in place, without recording a graph.

@@ -24,6 +24,10 @@ class SGD : public Optimizer {
   SGD(const std::vector<Tensor>& params, SGDOptions options = {});
   SGD(const std::vector<ParamGroupSpec>& groups, SGDOptions options = {});
 
+  // The hyperparameters the update kernels take as tensors (lr, momentum, dampening,
+  // weight_decay): the ones move_hyperparameters can put on the device.
+  static std::vector<std::string> tensor_hyperparameters() { return {"lr", "momentum", "dampening", "weight_decay"}; }
+
  protected:
   void step_group(const ParamGroup& group, const std::vector<Tensor>& params,
                   const std::vector<Tensor>& grads,

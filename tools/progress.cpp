@@ -34,6 +34,13 @@ void Progress::start_epoch(int64_t epoch, int64_t epochs, int64_t batches) {
   batches_ = batches;
 }
 
+bool Progress::due(int64_t batch) const {
+  if (mode_ == ProgressMode::off) return false;
+  if (batch == batches_) return true;
+  if (mode_ == ProgressMode::lines) return batch % every_ == 0;
+  return std::chrono::steady_clock::now() - last_draw_ >= std::chrono::milliseconds(100);
+}
+
 void Progress::step(int64_t batch, int64_t step, double mean_loss, double rate, std::optional<double> accuracy) {
   if (mode_ == ProgressMode::off) return;
   const std::string figures = fmt::format("mean loss {:.4f}{} {:.1f} {}", mean_loss,
@@ -51,6 +58,7 @@ void Progress::step(int64_t batch, int64_t step, double mean_loss, double rate, 
                         clock_time(eta))
          << std::flush;
     open_line_ = true;
+    last_draw_ = std::chrono::steady_clock::now();
   } else if (batch % every_ == 0 || batch == batches_) {
     out_ << fmt::format("epoch {}/{} step {}/{} {} run ETA {}\n", epoch_ + 1, epochs_, batch, batches_, figures,
                         clock_time(eta))

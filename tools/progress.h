@@ -24,6 +24,10 @@ class Progress {
   // done; `mean_loss` is the epoch's mean loss so far, `accuracy` (shown when given) its
   // accuracy so far, `rate` the epoch's samples (or tokens) per second.
   void step(int64_t batch, int64_t step, double mean_loss, double rate, std::optional<double> accuracy = {});
+  // Whether step(batch, ...) would show anything: every `every` batches and the epoch's last
+  // in lines mode; on a terminal at most every 0.1 s and at the epoch's last batch. The
+  // caller reads the step's numbers from the device only then.
+  bool due(int64_t batch) const;
   // Ends the bar's line.
   void finish();
 
@@ -36,6 +40,7 @@ class Progress {
   int64_t first_step_ = 0, total_steps_ = 0;
   std::chrono::steady_clock::time_point run_start_ = std::chrono::steady_clock::now();
   bool open_line_ = false;
+  std::chrono::steady_clock::time_point last_draw_{};  // the bar's last redraw
 };
 
 }  // namespace kiln::train

@@ -144,6 +144,8 @@ void validate(const Config& c) {
   KILN_CHECK(!c.sync_bn || !c.compile,
              "kiln-train: --sync-bn runs the step eagerly (SyncBatchNorm's all-reduces cannot be part of a "
              "compiled program yet): drop --compile, or --sync-bn");
+  KILN_CHECK(!c.compile_whole_step || c.compile,
+             "kiln-train: --compile-whole-step needs --compile (it compiles the whole optimizer step as one graph)");
   KILN_CHECK(c.loss_scale != "dynamic" || c.amp != "off",
              "kiln-train: --loss-scale dynamic needs --amp (f32 gradients do not underflow)");
 
@@ -253,6 +255,9 @@ run:
   --device cpu|cuda    [cpu]
   --compile [MODE]     run forward, loss and backward compiled (kiln::compile; MODE: default,
                        reduce-overhead (CUDA graphs) or max-autotune (and timed launches))  [default]
+  --compile-whole-step with --compile: the whole optimizer step (micro-steps and update) as one
+                       graph, also on the CPU  [with --device cuda and reduce-overhead or
+                       max-autotune; never in data-parallel runs]
   --channels-last      NHWC batches: eager and compiled steps run their convolution region NHWC
                        [on with --device cuda for convolutional archs, off on the CPU]
   --no-channels-last   NCHW batches (a compiled step's layout pass still runs its convolutions NHWC)
@@ -327,7 +332,8 @@ Config parse_args(int argc, const char* const* argv) {
   const std::map<std::string, bool*> flags = {
       {"--channels-last", &c.channels_last}, {"--no-channels-last", &c.no_channels_last}, {"--resume", &c.resume},
       {"--skip-bad-images", &c.skip_bad_images}, {"--nesterov", &c.nesterov},
-      {"--zero-init-residual", &c.zero_init_residual}, {"--sync-bn", &c.sync_bn}};
+      {"--zero-init-residual", &c.zero_init_residual}, {"--sync-bn", &c.sync_bn},
+      {"--compile-whole-step", &c.compile_whole_step}};
 
   for (int i = 1; i < argc; ++i) {
     std::string option = argv[i], value;

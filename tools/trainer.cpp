@@ -46,6 +46,7 @@
 #include "optim/lr_schedule.h"
 #include "optim/sgd.h"
 #include "tools/checkpoint.h"
+#include "tools/device_batches.h"
 #include "tools/progress.h"
 #include "tools/train_data.h"
 
@@ -214,162 +215,6 @@ AmpChoice choose_amp(const Config& c, int gpu) {
   return choice;
 }
 
-compiler::TracedFunction micro_step_function(nn::Module& model, double label_smoothing, const Precision& precision) {
-  return [&model, label_smoothing, precision](const std::vector<Tensor>& args) -> std::vector<Tensor> {
-    // Per-token targets: the sum over the predicted tokens, each weighted 1 / (the global
-    // batch's count) by args[2]; per-sample targets: the micro-batch's mean.
-    const bool per_token = args[1].dim() == 2;
-    Tensor logits, loss;
-    {
-      // Forward and loss under autocast; backward outside it, as PyTorch recommends (its ops
-      // run in the dtypes their forward chose).
-      autocast amp({.device_type = args[0].device().type,
-                    .dtype = precision.autocast,
-                    .enabled = precision.autocast.has_value()});
-      logits = call_model(model, args[0], args.size() > 3 ? args[3] : Tensor());
-      loss = per_token ? cross_entropy(logits.reshape({-1, logits.size(-1)}), args[1].reshape({-1}),
-                                       {.reduction = "sum", .label_smoothing = label_smoothing})
-                       : cross_entropy(logits, args[1], {.label_smoothing = label_smoothing});
-    }
-    const Tensor weighted = loss * args[2].to(loss.dtype());
-    (precision.scaler ? precision.scaler->scale(weighted) : weighted).backward();
-    NoGradGuard no_grad;
-    // An ignored token's target (kIgnoreIndex) is never the argmax.
-    return {loss.detach(), sum(eq(argmax(logits.detach(), -1), args[1]))};
-  };
-}
-
-namespace {
-
-// One optimizer step whose micro-steps run through `micro_step` (micro_step_function, run
-// eagerly or compiled).
-// The optimizer's step after the last micro-step: unscale (once), clip, step, update.
-void finish_step(optim::Optimizer& optimizer, const Precision& precision) {
-  if (precision.clip_grad_norm > 0) {
-    if (precision.scaler) precision.scaler->unscale_(optimizer);
-    std::vector<Tensor> params;
-    for (const optim::ParamGroup& group : optimizer.param_groups())
-      params.insert(params.end(), group.params.begin(), group.params.end());
-    optim::clip_grad_norm_(params, precision.clip_grad_norm);
-  }
-  if (precision.scaler) {
-    precision.scaler->step(optimizer);
-    precision.scaler->update();
-  } else {
-    optimizer.step();
-  }
-}
-
-StepStats run_step(const compiler::TracedFunction& micro_step, optim::Optimizer& optimizer,
-                   const optim::Accumulation& accumulation, const Tensor& input, const Tensor& target,
-                   const Precision& precision, const DataParallelStep* dp, const Tensor& mask) {
-  StepStats stats;
-  KILN_CHECK(!mask.defined() || (mask.dim() == 2 && input.dim() == 2 && mask.shape() == input.shape()),
-             "train_step: a mask {} goes with token batches [N, L] of its shape, got input {}",
-             mask.defined() ? mask.meta_str() : "", input.meta_str());
-  // Per-token targets: every micro-step weighs a token W / (the global batch's count of
-  // predicted tokens), counted on the device (and summed over the ranks), so the step reads
-  // nothing back before its end. With no token to predict the weight is W (the loss is 0).
-  const bool per_token = target.dim() == 2;
-  Tensor token_weight, predicted;
-  if (per_token) {
-    NoGradGuard no_grad;
-    predicted = sum(ne(target, data::kIgnoreIndex)).to(DType::f64);
-    if (dp) {
-      const Tensor global = predicted.to(Device::cpu()).reshape({1}).contiguous();
-      dist::all_reduce(global).wait();
-      predicted = global.reshape({}).to(target.device());
-    }
-    token_weight = div(scalar_tensor(static_cast<double>(dp ? dp->world_size : 1), DType::f64, target.device()),
-                       maximum(predicted, scalar_tensor(1.0, DType::f64, target.device())));
-  }
-  // The step's loss is the mean over the global batch: each micro-batch's mean loss
-  // weighted by its share of the samples (the weight the gradient used). Summed where the
-  // micro-steps run and read once per step, after the update: a micro-step reads nothing
-  // back (on a GPU, a read would wait for the device each time).
-  Tensor loss_sum, correct_sum;
-  const std::vector<optim::MicroBatch> micros =
-      dp ? accumulation.split_shard(input, target, {.samples = dp->global_samples, .world_size = dp->world_size})
-         : accumulation.split(input, target, optim::balanced_sizes(input.size(0), accumulation.options().micro_batch));
-  for (const optim::MicroBatch& micro : micros) {
-    // Data parallel: the gradients are all-reduced on the last micro-step only.
-    std::optional<dist::DistributedDataParallel::NoSync> no_sync;
-    if (dp) no_sync.emplace(*dp->ddp, !micro.is_last);
-    const Tensor weight = per_token ? token_weight : micro.weight;
-    std::vector<Tensor> args{micro.x, micro.y, weight};
-    if (mask.defined()) args.push_back(mask.narrow(0, micro.start, micro.size));
-    const std::vector<Tensor> out = micro_step(args);
-    micro.finish();
-    NoGradGuard no_grad;
-    const Tensor weighted = out[0].to(DType::f64) * weight.to(out[0].device());
-    loss_sum = loss_sum.defined() ? loss_sum + weighted : weighted;
-    correct_sum = correct_sum.defined() ? correct_sum + out[1] : out[1];
-    stats.samples += micro.size;
-  }
-  finish_step(optimizer, precision);
-  optimizer.zero_grad();
-  if (dp) {
-    // Every rank's sums in one all-reduce. With split_shard's weights (W size / N) the
-    // ranks' weighted losses add up to W times the global batch's mean.
-    NoGradGuard no_grad;
-    const Tensor local = stack({loss_sum.to(DType::f64).to(Device::cpu()), correct_sum.to(DType::f64).to(Device::cpu()),
-                                scalar_tensor(static_cast<double>(stats.samples), DType::f64)})
-                             .contiguous();
-    dist::all_reduce(local).wait();
-    const double* sums = local.data_ptr<double>();
-    stats.loss = sums[0] / dp->world_size;
-    stats.correct = static_cast<int64_t>(sums[1]);
-    stats.samples = static_cast<int64_t>(sums[2]);
-    stats.predicted = per_token ? static_cast<int64_t>(predicted.item<double>()) : stats.samples;
-    return stats;
-  }
-  stats.loss = loss_sum.item<double>();
-  stats.correct = correct_sum.item<int64_t>();
-  stats.predicted = per_token ? static_cast<int64_t>(predicted.item<double>()) : stats.samples;
-  return stats;
-}
-
-}  // namespace
-
-StepStats train_step(nn::Module& model, optim::Optimizer& optimizer, const optim::Accumulation& accumulation,
-                     const Tensor& input, const Tensor& target, double label_smoothing, const Precision& precision,
-                     const DataParallelStep* data_parallel, const Tensor& mask) {
-  return run_step(micro_step_function(model, label_smoothing, precision), optimizer, accumulation, input, target,
-                  precision, data_parallel, mask);
-}
-
-StepStats train_step_compiled(compiler::CompiledFunction& compiled, optim::Optimizer& optimizer,
-                              const optim::Accumulation& accumulation, const Tensor& input, const Tensor& target,
-                              const Precision& precision, const DataParallelStep* data_parallel, const Tensor& mask) {
-  return run_step([&compiled](const std::vector<Tensor>& args) { return compiled(args); }, optimizer, accumulation,
-                  input, target, precision, data_parallel, mask);
-}
-
-compiler::TracedFunction whole_step_function(nn::Module& model, optim::Optimizer& optimizer,
-                                             const optim::Accumulation& accumulation, double label_smoothing,
-                                             const Precision& precision) {
-  return [micro_step = micro_step_function(model, label_smoothing, precision), &optimizer, accumulation,
-          precision](const std::vector<Tensor>& args) -> std::vector<Tensor> {
-    KILN_CHECK(args.size() == 2 && args[1].dim() == 1,
-               "whole_step_function: takes {{input, target}} with a class per sample (per-token targets and masks "
-               "need train_step's token weights), got {} arguments", args.size());
-    // In place: clearing .grad to none inside a compiled function would change its guard.
-    optimizer.zero_grad(/*set_to_none=*/false);
-    Tensor loss_sum, correct_sum;
-    const auto sizes = optim::balanced_sizes(args[0].size(0), accumulation.options().micro_batch);
-    for (const optim::MicroBatch& micro : accumulation.split(args[0], args[1], sizes)) {
-      const std::vector<Tensor> out = micro_step({micro.x, micro.y, micro.weight});
-      micro.finish();
-      NoGradGuard no_grad;
-      Tensor weighted = out[0].to(DType::f64) * micro.weight;
-      loss_sum = loss_sum.defined() ? loss_sum + weighted : weighted;
-      correct_sum = correct_sum.defined() ? correct_sum + out[1] : out[1];
-    }
-    finish_step(optimizer, precision);
-    return {loss_sum, correct_sum};
-  };
-}
-
 int64_t measure_step_bytes(nn::Module& model, const std::vector<int64_t>& sample_shape, int64_t classes,
                            int64_t micro_batch) {
   const StateDict saved = [&] {
@@ -525,7 +370,8 @@ Result run(const Config& given, std::ostream& given_out) {
                        : std::string());
   const RunLength length = run_length(c, per_epoch);
   const int64_t total_steps = length.steps, epochs = length.epochs;
-  optim::Scheduler scheduler(*optimizer, make_schedule(c, total_steps));
+  const std::shared_ptr<optim::LRSchedule> schedule = make_schedule(c, total_steps);
+  optim::Scheduler scheduler(*optimizer, schedule);
 
   int64_t micro = c.micro_batch > 0 ? c.micro_batch : c.batch;
   KILN_CHECK(!batch_norm || micro >= 2 || c.micro_batch_auto,
@@ -560,7 +406,9 @@ Result run(const Config& given, std::ostream& given_out) {
     ddp.emplace(*model);
     ddp->attach(accumulation);
   }
-  std::optional<compiler::CompiledFunction> compiled, compiled_eval;
+  std::optional<compiler::CompiledFunction> compiled, compiled_whole, compiled_eval;
+  const StepGraphChoice step_graph = choose_step_graph(c, world);
+  compiler::TracedFunction eager_whole;  // the whole step's first run: the optimizer's state
   if (c.compile) {
     // --channels-last runs the whole step NHWC; otherwise the layout pass chooses (NHWC
     // convolutions on the CPU).
@@ -568,11 +416,22 @@ Result run(const Config& given, std::ostream& given_out) {
         .mode = c.compile_mode,
         .trace = compiler::module_names(*model),
         .layout = c.channels_last ? compiler::LayoutPolicy::channels_last : compiler::LayoutPolicy::automatic};
-    // The micro-steps are compiled and the optimizer's update stays eager. A graph holding
-    // the update too (whole_step_function) updates in place but was no faster on the CPU
-    // (ResNet-50, kiln-bench train --compile: 1.02-1.05x eager against 1.08-1.13x for the
-    // micro-steps) and holds the gradients through the step (1.07x eager's peak).
-    compiled = compiler::compile(micro_step_function(*model, c.label_smoothing, precision), options);
+    // On the CPU the micro-steps are compiled and the optimizer's update stays eager: a
+    // graph holding the update too (whole_step_function) updates in place but was no faster
+    // there (ResNet-50, kiln-bench train --compile: 1.02-1.05x eager against 1.08-1.13x for
+    // the micro-steps) and holds the gradients through the step (1.07x eager's peak). With
+    // CUDA graphs the whole step is one replay (choose_step_graph).
+    if (step_graph.whole) {
+      // On a GPU the update kernels read lr, momentum, dampening and weight decay from the
+      // device, so that the step's CUDA graph replays each step's values (choose_step_graph
+      // picks the whole step there for SGD only).
+      if (device.is_cuda() && c.optimizer == "sgd")
+        optimizer->move_hyperparameters(optim::SGD::tensor_hyperparameters(), device);
+      eager_whole = whole_step_function(*model, *optimizer, accumulation, c.label_smoothing, precision);
+      compiled_whole = compiler::compile(eager_whole, options);
+    } else {
+      compiled = compiler::compile(micro_step_function(*model, c.label_smoothing, precision), options);
+    }
     // Validation too: the forward in eval mode, no grad (guards of their own).
     compiled_eval = compiler::compile(
         [&model, format, dtype = amp.dtype](const std::vector<Tensor>& batch) {
@@ -603,6 +462,7 @@ Result run(const Config& given, std::ostream& given_out) {
                        c.lr_schedule, c.workers, c.compile ? "compiled (" + c.compile_mode + ")" : std::string("eager"));
     std::vector<std::string> differences = pytorch_differences(c);
     if (drop_last) differences.push_back("drops each epoch's last batch of 1 sample (batch norm)");
+    if (c.compile) out << fmt::format("  compiled step: {}\n", step_graph.why);
     out << fmt::format("  differs from PyTorch's defaults: {}\n",
                        differences.empty() ? std::string("nothing") : fmt::format("{}", fmt::join(differences, ", ")));
     out << fmt::format("  precision: {}{}{}\n", amp.why, amp.loss_scaling ? ", dynamic loss scaling" : "",
@@ -635,6 +495,7 @@ Result run(const Config& given, std::ostream& given_out) {
   };
 
   int64_t steps_this_run = 0;
+  DeviceBatchCopier copier(device);
   for (int64_t epoch = state.epoch; epoch < epochs && step < total_steps; ++epoch) {
     const int64_t start = epoch == state.epoch ? state.batch : 0;
     // A resumed epoch continues the sums of the batches run before the interruption.
@@ -644,50 +505,96 @@ Result run(const Config& given, std::ostream& given_out) {
     int64_t seen_now = 0;  // samples of this epoch run by this process, for the rates
     progress.start_epoch(epoch, epochs, std::min(per_epoch, start + total_steps - step));
     int64_t batch_index = start;
-    for (data::Batch& batch : train_loader.epoch(epoch, start)) {
+    // Steps whose statistics are still where the step left them (on a GPU, the device), with
+    // what the host knew of each: read together (read_steps) when a progress line is due,
+    // for every log line, before a checkpoint and at the epoch's end, and only then added to
+    // the epoch's sums, the step losses and the log, and checked for a loss that is not
+    // finite, in step order: the same numbers as a read per step, one wait per read.
+    struct Unread {
+      PendingStepStats stats;
+      int64_t step = 0, batch_index = 0;
+      double lr = 0, rate = 0;
+    };
+    std::vector<Unread> unread;
+    auto read_unread = [&] {
+      std::vector<PendingStepStats> pending;
+      for (const Unread& u : unread) pending.push_back(u.stats);
+      const std::vector<StepStats> read = read_steps(pending);
+      const std::vector<Unread> steps = std::move(unread);
+      unread.clear();
+      for (size_t i = 0; i < read.size(); ++i) {
+        const StepStats& s = read[i];
+        const Unread& u = steps[i];
+        // The epoch's means are over the predictions: samples, or predicted tokens (mlm, clm).
+        loss_sum += s.loss * s.predicted;
+        correct += s.correct;
+        seen += s.predicted;
+        result.step_losses.push_back(s.loss);
+        if (log.is_open())
+          log << fmt::format(R"({{"step":{},"epoch":{},"loss":{},"lr":{},"{}":{:.1f},"accuracy":{}{}}})", u.step,
+                             epoch + 1, json_number(s.loss), json_number(u.lr), text ? "tok_per_s" : "img_per_s",
+                             u.rate, json_number(static_cast<double>(s.correct) / std::max<int64_t>(s.predicted, 1)),
+                             scaler ? fmt::format(R"(,"loss_scale":{})", json_number(scaler->get_scale())) : "")
+              << '\n'
+              << std::flush;
+        // Nothing can be learnt past a NaN or infinite loss (the weights it updated are lost
+        // too; a loss scaler skips steps whose gradients overflow, not a loss that did).
+        // Found when the step is read: with no log, at the next progress line or the epoch's end.
+        if (!std::isfinite(s.loss)) {
+          progress.finish();
+          fail("kiln-train: step {} (epoch {}, batch {} of {}): the loss is {}; stopped (a smaller --lr, or "
+               "--warmup, may help)",
+               u.step, epoch + 1, u.batch_index, per_epoch, std::isnan(s.loss) ? "NaN" : s.loss > 0 ? "inf" : "-inf");
+        }
+      }
+    };
+    // One batch ahead: the next batch's copies to the device are queued before the current
+    // step (on a GPU on a copy stream of their own, so they overlap it; DeviceBatchCopier).
+    data::Loader::Epoch batches = train_loader.epoch(epoch, start);
+    auto next = batches.begin();
+    std::optional<DeviceBatch> ahead;
+    if (next != batches.end()) ahead = copier.start(std::move(*next));
+    while (ahead) {
+      const DeviceBatch current = std::move(*ahead);
+      ahead.reset();
+      if (++next != batches.end()) ahead = copier.start(std::move(*next));
+      const data::Batch& batch = current.host;
       const auto t0 = Clock::now();
-      const Tensor input = batch.input.to(device).contiguous(format), target = batch.target.to(device);
-      const Tensor mask = batch.mask.defined() ? batch.mask.to(device) : Tensor();
+      copier.wait(current);
+      const Tensor input = current.input.contiguous(format), &target = current.target, &mask = current.mask;
       const DataParallelStep data_parallel{.ddp = ddp ? &*ddp : nullptr, .world_size = world,
                                            .global_samples = batch.global_size};
       const DataParallelStep* dp = ddp ? &data_parallel : nullptr;
-      const StepStats s =
-          compiled ? train_step_compiled(*compiled, *optimizer, accumulation, input, target, precision, dp, mask)
-                   : train_step(*model, *optimizer, accumulation, input, target, c.label_smoothing, precision, dp, mask);
-      const double lr = optimizer->param_groups().front().lr();
+      // The whole-step graph holds the update, which must find the optimizer's state made,
+      // and is traced once with the gradients defined: this run's first step is eager.
+      const compiler::TracedFunction micro_step =
+          compiled ? [&](const std::vector<Tensor>& a) { return (*compiled)(a); }
+                   : micro_step_function(*model, c.label_smoothing, precision);
+      PendingStepStats s =
+          compiled_whole
+              ? run_whole_step(steps_this_run == 0 ? eager_whole
+                                                   : [&](const std::vector<Tensor>& a) { return (*compiled_whole)(a); },
+                               input, target, mask)
+              : run_micro_steps(micro_step, *optimizer, accumulation, input, target, precision, dp, mask);
+      // The step's lr as the schedule computes it on the host (what the scheduler wrote into
+      // the groups, which may live on the device).
+      const double lr = schedule->lr(scheduler.last_step(), scheduler.base_lrs().front());
       scheduler.step();
       ++step;
       ++steps_this_run;
       batch_index = batch.index + 1;  // the loader's position: a batch of bad images only is skipped
-      // The epoch's means are over the predictions: samples, or predicted tokens (mlm, clm).
-      loss_sum += s.loss * s.predicted;
-      correct += s.correct;
-      seen += s.predicted;
       // The rate counts images, or tokens that are not padding (this rank's times the ranks).
       const int64_t units = text ? (batch.mask.defined() ? sum(batch.mask).item<int64_t>() : batch.input.numel()) * world
                                  : s.samples;
       seen_now += units;
-      result.step_losses.push_back(s.loss);
-      const double rate = units / std::max(seconds_since(t0), 1e-9);
-      if (log.is_open())
-        log << fmt::format(R"({{"step":{},"epoch":{},"loss":{},"lr":{},"{}":{:.1f},"accuracy":{}{}}})", step,
-                           epoch + 1, json_number(s.loss), json_number(lr), text ? "tok_per_s" : "img_per_s", rate,
-                           json_number(static_cast<double>(s.correct) / std::max<int64_t>(s.predicted, 1)),
-                           scaler ? fmt::format(R"(,"loss_scale":{})", json_number(scaler->get_scale())) : "")
-            << '\n'
-            << std::flush;
-      // Nothing can be learnt past a NaN or infinite loss (the weights it updated are lost
-      // too; a loss scaler skips steps whose gradients overflow, not a loss that did).
-      if (!std::isfinite(s.loss)) {
-        progress.finish();
-        fail("kiln-train: step {} (epoch {}, batch {} of {}): the loss is {}; stopped (a smaller --lr, or "
-             "--warmup, may help)",
-             step, epoch + 1, batch_index, per_epoch, std::isnan(s.loss) ? "NaN" : s.loss > 0 ? "inf" : "-inf");
-      }
-      progress.step(batch_index, step, loss_sum / std::max<int64_t>(seen, 1),
-                    seen_now / std::max(seconds_since(epoch_start), 1e-9),
-                    text ? std::optional<double>(static_cast<double>(correct) / std::max<int64_t>(seen, 1))
-                         : std::nullopt);
+      unread.push_back({std::move(s), step, batch_index, lr, units / std::max(seconds_since(t0), 1e-9)});
+      const bool show = progress.due(batch_index);
+      if (show || log.is_open()) read_unread();
+      if (show)
+        progress.step(batch_index, step, loss_sum / std::max<int64_t>(seen, 1),
+                      seen_now / std::max(seconds_since(epoch_start), 1e-9),
+                      text ? std::optional<double>(static_cast<double>(correct) / std::max<int64_t>(seen, 1))
+                           : std::nullopt);
       bool stop = stop_requested.load() || (c.stop_after_steps > 0 && steps_this_run >= c.stop_after_steps);
       if (world > 1) {
         // Every rank stops after the same step (Ctrl-C reaches them at different moments).
@@ -696,6 +603,7 @@ Result run(const Config& given, std::ostream& given_out) {
         stop = any.data_ptr<double>()[0] > 0;
       }
       if (stop && step < total_steps) {
+        read_unread();
         progress.finish();
         const fs::path dir = c.checkpoint_dir.empty() ? fs::path("kiln-train-interrupted") : c.checkpoint_dir;
         if (rank == 0) save(epoch, batch_index, dir, loss_sum, correct, seen);
@@ -709,6 +617,7 @@ Result run(const Config& given, std::ostream& given_out) {
       }
       if (step >= total_steps) break;
     }
+    read_unread();
     progress.finish();
     EpochRecord record{.epoch = epoch,
                        .train_loss = seen ? loss_sum / seen : 0,
@@ -745,13 +654,17 @@ Result run(const Config& given, std::ostream& given_out) {
                            c.compile ? "compiled (" + c.compile_mode + ")" : std::string("eager"), c.device));
     if (!c.quiet) out << "plot: " << plot.string() << '\n';
   }
-  if (compiled && !c.quiet) {
-    out << fmt::format("compiled: {} training graphs ({} recompiles), {} validation graphs\n", compiled->cache_size(),
-                       compiled->recompiles(), compiled_eval->cache_size());
+  if (c.compile && !c.quiet) {
+    const compiler::CompiledFunction& training = compiled_whole ? *compiled_whole : *compiled;
+    out << fmt::format("compiled: {} training graphs{} ({} recompiles{}), {} validation graphs\n", training.cache_size(),
+                       compiled_whole ? " of the whole step" : "", training.recompiles(),
+                       training.graph_breaks() > 0 ? fmt::format(", {} with graph breaks, run split", training.graph_breaks())
+                                                   : "",
+                       compiled_eval->cache_size());
     // KILN_PROFILE=1 timed every kernel and library op of the programs: where the time went.
-    if (const char* env = std::getenv("KILN_PROFILE"); env && std::string(env) == "1") out << compiled->profile();
+    if (const char* env = std::getenv("KILN_PROFILE"); env && std::string(env) == "1") out << training.profile();
     if (c.compile_mode != "default") {
-      const compiler::CudaGraphStats g = compiled->cuda_graphs(), e = compiled_eval->cuda_graphs();
+      const compiler::CudaGraphStats g = training.cuda_graphs(), e = compiled_eval->cuda_graphs();
       out << fmt::format("CUDA graphs: {} captured, {} replays (validation: {} captured, {} replays){}\n",
                          g.captures, g.replays, e.captures, e.replays,
                          g.skipped.empty() ? "" : fmt::format("; not captured: {}", fmt::join(g.skipped, "; ")));

@@ -65,6 +65,9 @@ struct Config {
   int64_t max_image_pixels = 0;  // refuse images larger than this (0: data::kDefaultMaxImagePixels)
   std::string device = "cpu";
   bool compile = false;  // run each micro-step (forward, loss, backward, accumulation) compiled
+  // With compile: the whole optimizer step (micro-steps and update) as one graph, also where
+  // choose_step_graph would pick the micro-steps (the CPU); data-parallel runs still cannot.
+  bool compile_whole_step = false;
   bool sync_bn = false;  // data parallel: batch norm statistics over every rank's batch (SyncBatchNorm)
   std::string compile_mode = "default";  // kiln::compile's mode
   std::string amp = "off";          // off | bf16 | fp16 | auto: the dtype autocast runs GEMMs and convolutions in
@@ -220,6 +223,20 @@ struct StepStats {
   int64_t samples = 0;
   int64_t predicted = 0;  // the predictions the loss and the accuracy are over: samples, or tokens
 };
+// A step's statistics as the step left them: on the batch's device (host tensors in
+// data-parallel runs, whose all-reduce reads them anyway). read_steps reads those of many
+// steps in one transfer, so that kiln-train on a GPU waits for the device once per printed
+// or logged line and at an epoch's end, not once per step or micro-step.
+struct PendingStepStats {
+  Tensor loss;       // 0-d f64: the global batch's mean loss
+  Tensor correct;    // 0-d: correct predictions
+  Tensor predicted;  // 0-d: predicted tokens; undefined: `samples` predictions
+  int64_t samples = 0;
+};
+// The host values of `steps`, in order, exactly as each step's own reads would give them,
+// through one read (one host read reported, as "read_steps").
+std::vector<StepStats> read_steps(const std::vector<PendingStepStats>& steps);
+
 // `mask` is the token batches' padding mask (undefined for images).
 StepStats train_step(nn::Module& model, optim::Optimizer& optimizer, const optim::Accumulation& accumulation,
                      const Tensor& input, const Tensor& target, double label_smoothing,
@@ -237,13 +254,49 @@ StepStats train_step(nn::Module& model, optim::Optimizer& optimizer, const optim
 // eagerly.
 compiler::TracedFunction micro_step_function(nn::Module& model, double label_smoothing,
                                              const Precision& precision = {});
-// The whole optimizer step as one function kiln::compile can trace: args {input, target}
-// -> {loss (0-d f64: the global batch's mean), correct (0-d i64)}: zero the gradients
-// (in place), the micro-steps of `accumulation` (balanced sizes), the optimizer's update.
-// The optimizer's first step creates its state and must run eagerly before compiling.
+// The whole optimizer step as one function kiln::compile can trace (tools/whole_step.cpp):
+// args {input, target[, mask]} -> {loss (0-d f64: the global batch's mean, per predicted
+// token for per-token targets), correct (0-d i64)[, predicted (0-d f64: the predicted
+// tokens, per-token targets only)]}: zero the gradients (in place), the micro-steps of
+// `accumulation` (balanced sizes, each weighted as train_step weighs it), the optimizer's
+// update (finish_step: unscale, clip, step, the scaler's update). Not data parallel. The
+// optimizer's first step creates its state and must run eagerly before compiling.
 compiler::TracedFunction whole_step_function(nn::Module& model, optim::Optimizer& optimizer,
                                              const optim::Accumulation& accumulation, double label_smoothing,
                                              const Precision& precision = {});
+// The optimizer's part of a step, after its last micro-step: the scaler's unscale (once),
+// clipping, the optimizer's step (skipped on overflow) and the scaler's update.
+void finish_step(optim::Optimizer& optimizer, const Precision& precision);
+
+// Which graph kiln-train --compile runs: the whole optimizer step (whole_step_function), or
+// the micro-steps with the update eager (micro_step_function); `why` says which and why in
+// words, for the progress header.
+struct StepGraphChoice {
+  bool whole = false;
+  std::string why;
+};
+// The whole step where it can be one graph and is worth it: --compile-whole-step, or on
+// CUDA in the modes that replay CUDA graphs (one replay per optimizer step). The
+// micro-steps otherwise: on the CPU by default (the whole step was no faster there and held
+// the gradients longer), and always in data-parallel runs (world > 1: the gradients'
+// all-reduce runs in eager hooks between the micro-steps and the update).
+StepGraphChoice choose_step_graph(const Config& config, int world_size);
+
+// A step run by `whole` (whole_step_function, called eagerly or compiled): its results as
+// train_step's. Unlike train_step it leaves the gradients defined (the next step zeroes
+// them in place), so that a compiled whole step is traced once, with them defined: run the
+// first step (the optimizer's state) with the eager whole_step_function, then compiled.
+StepStats train_step_whole(const compiler::TracedFunction& whole, const Tensor& input, const Tensor& target,
+                           const Tensor& mask = {});
+// The same, its statistics left unread.
+PendingStepStats run_whole_step(const compiler::TracedFunction& whole, const Tensor& input, const Tensor& target,
+                                const Tensor& mask = {});
+// train_step (micro_step: micro_step_function, called eagerly or compiled), its statistics
+// left unread.
+PendingStepStats run_micro_steps(const compiler::TracedFunction& micro_step, optim::Optimizer& optimizer,
+                                 const optim::Accumulation& accumulation, const Tensor& input, const Tensor& target,
+                                 const Precision& precision = {}, const DataParallelStep* data_parallel = nullptr,
+                                 const Tensor& mask = {});
 
 // train_step with each micro-step run by `compiled` (made from micro_step_function with the
 // same precision).

@@ -53,8 +53,10 @@ void check_scalars(std::span<const TensorMeta> in, size_t first, size_t end, con
     const TensorMeta& m = in[i];
     const char* what = names[i - first];
     KILN_CHECK(m.defined, "{}: {} is required ({})", op, what, metas_str(in));
-    KILN_CHECK(m.shape.empty() && m.dtype != DType::boolean && m.device.is_cpu(),
-               "{}: {} must be a 0-d numeric CPU tensor, got {}", op, what, m.str());
+    // On the parameter's device: a whole step compiled for CUDA graphs reads them there.
+    KILN_CHECK(m.shape.empty() && m.dtype != DType::boolean && (m.device.is_cpu() || m.device == in[0].device),
+               "{}: {} must be a 0-d numeric tensor on the CPU or on the parameter's device ({}), got {}", op, what,
+               in[0].device.str(), m.str());
   }
 }
 

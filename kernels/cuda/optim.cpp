@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/ops/factory.h"
+#include "core/ops/join.h"
 #include "core/ops/optim_ops.h"
 #include "kernels/cuda/hand_kernels.h"
 #include "kernels/optim_factors.h"
@@ -32,9 +33,14 @@ struct SgdParams {
 // The device structs below declare the same fields; a launch's arguments stay under 4 KB.
 static_assert(sizeof(SgdParam) == 56 && sizeof(SgdParams) + sizeof(scalar::SgdFactors<double>) + 64 <= 4096);
 
-// The element update is kernels/scalar.h's, from the factors the host computed in f64
-// (kernels/optim_factors.h) rounded to T in the kernel, as the CPU kernel rounds them: each
-// element's result is the CPU's bit for bit (NVRTC compiles without FMA contraction).
+// The element update is kernels/scalar.h's. Its factors are those of kernels/optim_factors.h,
+// but the numbers come from `hyper` (lr, momentum, dampening, weight_decay: f64 in device
+// memory), read by the kernel when it runs: a CUDA graph that captured the launch then
+// replays it with each step's lr, where factors passed by value would replay the captured
+// step's. Only the flags come from the host (`factors`). The factors are computed in f64 as
+// the host computes them (1 - dampening, weight_decay != 0) and rounded to T as the CPU
+// kernel rounds them: each element's result is the CPU's bit for bit (NVRTC compiles
+// without FMA contraction).
 const KernelFamily kSgdMulti("sgd_multi", R"(
 #include "kernels/scalar.h"
 typedef SCALAR T;
@@ -49,8 +55,14 @@ struct SgdParam {
 struct SgdParams {
   SgdParam param[)" + std::to_string(kSgdGroup) + R"(];
 };
-extern "C" __global__ void NAME(const SgdParams group, const kiln::scalar::SgdFactors<double> factors, long long total,
-                               const float* found_inf) {
+extern "C" __global__ void NAME(const SgdParams group, const kiln::scalar::SgdFactors<double> flags,
+                               const double* hyper, long long total, const float* found_inf) {
+  kiln::scalar::SgdFactors<double> factors = flags;
+  factors.lr = hyper[0];
+  factors.momentum = hyper[1];
+  factors.one_minus_dampening = 1.0 - hyper[2];
+  factors.weight_decay = hyper[3];
+  factors.decay = hyper[3] != 0.0;
   const kiln::scalar::SgdFactors<T> f = kiln::scalar::in_dtype<T>(factors);
   // A skipped step (mixed precision's found_inf set): the pure form returns its inputs, the
   // in-place form (outputs are the inputs) writes nothing.
@@ -183,6 +195,22 @@ const float* found_inf_on_device(std::span<const Tensor> in, size_t at, Tensor& 
   return keep.data_ptr<float>();
 }
 
+// SGD's lr, momentum, dampening and weight_decay (in[at..at+3]) as f64[4] on `device`, where
+// sgd_multi reads them: one copy from the host when they are host tensors (the eager
+// optimizers keep them there), one small kernel when they are on the device already (a
+// whole training step compiled for CUDA graphs puts them there: Optimizer::move_hyperparameters).
+Tensor sgd_hyper_on_device(std::span<const Tensor> in, size_t at, Device device) {
+  std::vector<Tensor> values(in.begin() + static_cast<std::ptrdiff_t>(at), in.begin() + static_cast<std::ptrdiff_t>(at + 4));
+  bool on_host = true;
+  for (Tensor& v : values) {
+    on_host = on_host && v.device().is_cpu();
+    v = v.to(DType::f64);
+  }
+  if (on_host) return stack(values).to(device);
+  for (Tensor& v : values) v = v.to(device);
+  return stack(values);
+}
+
 }  // namespace
 
 std::vector<int64_t> sgd_update_multi_tensor(std::span<const Tensor> in, std::span<const Tensor> p_out,
@@ -195,7 +223,9 @@ std::vector<int64_t> sgd_update_multi_tensor(std::span<const Tensor> in, std::sp
     if (has_buf) t.insert(t.end(), {at(2, k), buf_out[static_cast<size_t>(k)]});
     return t;
   });
-  const scalar::SgdFactors<double> factors = sgd_factors(in.subspan(static_cast<size_t>(3 * n), 4), attrs);
+  // The flags; the numbers are the kernel's to read (sgd_multi).
+  const scalar::SgdFactors<double> flags{0, 0, 0, 0, false, attrs.b("nesterov"), attrs.b("maximize"), attrs.b("first")};
+  const Tensor hyper = fast.empty() ? Tensor() : sgd_hyper_on_device(in, static_cast<size_t>(3 * n), in[0].device());
   Tensor keep;
   const float* found_inf = found_inf_on_device(in, static_cast<size_t>(3 * n + 4), keep);
   for_each_group<SgdParams>(
@@ -210,7 +240,8 @@ std::vector<int64_t> sgd_update_multi_tensor(std::span<const Tensor> in, std::sp
         return at(0, k).numel();
       },
       [&](const SgdParams& group, long long total, long long threads) {
-        kSgdMulti.launch(in[0].dtype(), in[0].device().index, threads, group, factors, total, found_inf);
+        kSgdMulti.launch(in[0].dtype(), in[0].device().index, threads, group, flags, hyper.data_ptr<double>(), total,
+                         found_inf);
       });
   return rest;
 }

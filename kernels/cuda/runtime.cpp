@@ -178,6 +178,12 @@ void Event::record(Stream stream) {
   KILN_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(handle_), static_cast<cudaStream_t>(stream.handle)),
                   "cuda::Event::record");
 }
+void Event::wait(Stream stream) const {
+  KILN_CHECK(stream.device == device_, "cuda::Event::wait: the event is on cuda:{}, the stream on cuda:{}", device_,
+             stream.device);
+  KILN_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream.handle), static_cast<cudaEvent_t>(handle_), 0),
+                  "cuda::Event::wait");
+}
 void Event::synchronize() const {
   KILN_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(handle_)), "cuda::Event::synchronize");
 }

@@ -264,6 +264,20 @@ TEST_CASE("Changing lr between steps takes effect with nothing else changed", "[
   require_values(p, {-0.35}, 1e-15);
 }
 
+TEST_CASE("move_hyperparameters moves named hyperparameters once; set() writes into the moved tensors", "[optim]") {
+  Tensor p = param_of({0.0});
+  optim::SGD sgd({p}, {.lr = 0.1, .momentum = 0.5});
+  REQUIRE_THROWS_WITH(sgd.move_hyperparameters({"lr", "betas"}, Device::cpu()),
+                      Catch::Matchers::Contains("no hyperparameter 'betas'"));
+  sgd.move_hyperparameters(optim::SGD::tensor_hyperparameters(), Device::cpu());
+  const Tensor lr_tensor = sgd.param_groups()[0].hyper.at("lr");
+  sgd.param_groups()[0].set_lr(0.25);
+  REQUIRE(sgd.param_groups()[0].hyper.at("lr").same(lr_tensor));
+  REQUIRE(sgd.param_groups()[0].lr() == 0.25);
+  REQUIRE(sgd.param_groups()[0].get("momentum") == 0.5);
+  REQUIRE_THROWS_WITH(sgd.param_groups()[0].set("betas", 1.0), Catch::Matchers::Contains("no hyperparameter 'betas'"));
+}
+
 TEST_CASE("param_groups_no_decay puts 1-d parameters in a group without decay", "[optim]") {
   nn::Sequential model(nn::Linear(3, 4), nn::LayerNorm({4}), nn::Linear(4, 2, {.bias = false}));
   auto groups = optim::param_groups_no_decay(model, 0.05);

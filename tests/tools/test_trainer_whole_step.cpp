@@ -1,0 +1,329 @@
+// kiln-train's whole-step graph (tools/whole_step.cpp): the optimizer step with its
+// micro-steps and update compiled as one function gives the eager step's losses, counts
+// and weights, for a class per sample and for per-token targets with padding masks; the
+// learning rate a schedule writes between steps reaches the graph without a recompile;
+// the loss scaler skips an overflowing step inside the graph, and clipping holds there;
+// kiln-train --compile-whole-step trains as eager does (SGD, AdamW, clipping, the
+// transformers); choose_step_graph's choices; the flag's parsing.
+//
+// Tolerances: in f64 the compiled kernels sum the same terms as the eager ones in other
+// orders; the longest sum is BERT-tiny's 128-wide hidden layer (or the 40-token vocabulary,
+// the batch's 6 rows): within summation_bound(128, 2^-53) = 2.8e-14 per step, which four
+// steps of momentum SGD (lr at most 0.5) compound to under 1e-12. The f32 runs compare
+// with the bounds the compiled-against-eager tests of test_trainer.cpp and
+// test_trainer_text.cpp derive for the same configurations.
+#include <cmath>
+#include <limits>
+#include <optional>
+#include <sstream>
+
+#include "compiler/compile.h"
+#include "core/cuda.h"
+#include "data/dataset.h"
+#include "models/bert.h"
+#include "models/small_models.h"
+#include "optim/adamw.h"
+#include "optim/grad_scaler.h"
+#include "optim/sgd.h"
+#include "tolerance.h"
+#include "tools/trainer_testing.h"
+
+using namespace kiln;
+using namespace kiln::testing;
+using Catch::Matchers::Contains;
+
+namespace {
+
+constexpr double kF64Steps = 1e-12;
+// test_trainer.cpp's bound for small_cnn() compiled against eager (its 1152-term sums).
+constexpr double kSmallCnnSums = summation_bound(128 * 3 * 3);
+
+struct Batch {
+  Tensor input, target, mask;
+};
+
+// Ids [6, 9] in [5, 40) with padding at the end of rows 1 and 2, and per-token targets at a
+// few positions (row 1 predicts nothing; kIgnoreIndex elsewhere), drawn from `seed`.
+Batch token_batch(uint64_t seed) {
+  constexpr int64_t n = 6, length = 9;
+  Generator gen(seed);
+  const Tensor ids = randint(5, 40, {n, length}, {}, &gen);
+  Tensor mask = ones({n, length}, {.dtype = DType::i64});
+  Tensor targets = full({n, length}, data::kIgnoreIndex, {.dtype = DType::i64});
+  int64_t* m = mask.data_ptr<int64_t>();
+  int64_t* t = targets.data_ptr<int64_t>();
+  const int64_t* x = ids.data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t used = length - (i % 3);
+    for (int64_t j = used; j < length; ++j) m[i * length + j] = 0;
+    for (int64_t j = 0; j < used; ++j)
+      if (i != 1 && (i + 2 * j + static_cast<int64_t>(seed)) % 4 == 0) t[i * length + j] = x[i * length + j];
+  }
+  return {ids, targets, mask};
+}
+
+Batch image_batch(uint64_t seed) {
+  Generator gen(seed);
+  return {randn({6, 1, 4, 4}, {.dtype = DType::f64}, &gen), randint(0, 4, {6}, {}, &gen), Tensor()};
+}
+
+// image_batch, but the third step's (seed 5) has an infinite pixel: its gradients overflow.
+Batch image_batch_overflowing(uint64_t seed) {
+  Batch b = image_batch(seed);
+  if (seed == 5) b.input.data_ptr<double>()[7] = std::numeric_limits<double>::infinity();
+  return b;
+}
+
+struct Steps {
+  std::vector<train::StepStats> stats;
+  StateDict model;
+  int64_t graphs = 0, recompiles = 0;
+};
+
+// Four optimizer steps of `model` (f64) in micro-batches of 2, the lr changed before each:
+// with `whole`, the first (which makes the optimizer's state) through whole_step_function
+// called eagerly and the others through it compiled (fullgraph: no break allowed), else all
+// of them by train_step.
+Steps four_steps(nn::Module& model, optim::Optimizer& optimizer, Batch (*batch)(uint64_t), bool whole,
+                 const train::Precision& precision = {}) {
+  const optim::Accumulation accumulation({.batch = 6, .micro_batch = 2});
+  const compiler::TracedFunction eager_whole =
+      train::whole_step_function(model, optimizer, accumulation, 0.1, precision);
+  std::optional<compiler::CompiledFunction> compiled;
+  if (whole) compiled = compiler::compile(eager_whole, {.fullgraph = true});
+  Steps out;
+  for (uint64_t step = 0; step < 4; ++step) {
+    optimizer.param_groups().front().set_lr(0.5 / static_cast<double>(step + 1));
+    const Batch b = batch(step + 3);
+    if (!whole)
+      out.stats.push_back(
+          train::train_step(model, optimizer, accumulation, b.input, b.target, 0.1, precision, nullptr, b.mask));
+    else if (step == 0)
+      out.stats.push_back(train::train_step_whole(eager_whole, b.input, b.target, b.mask));
+    else
+      out.stats.push_back(train::train_step_whole([&](const std::vector<Tensor>& a) { return (*compiled)(a); },
+                                                  b.input, b.target, b.mask));
+  }
+  out.model = model.state_dict();
+  if (compiled) {
+    out.graphs = compiled->cache_size();
+    out.recompiles = compiled->recompiles();
+  }
+  return out;
+}
+
+void check_same_steps(const Steps& whole, const Steps& eager) {
+  REQUIRE(whole.stats.size() == eager.stats.size());
+  for (size_t i = 0; i < eager.stats.size(); ++i) {
+    INFO("step " << i);
+    if (std::isfinite(eager.stats[i].loss)) CHECK(whole.stats[i].loss == Approx(eager.stats[i].loss).epsilon(kF64Steps));
+    else CHECK_FALSE(std::isfinite(whole.stats[i].loss));
+    CHECK(whole.stats[i].correct == eager.stats[i].correct);
+    CHECK(whole.stats[i].samples == eager.stats[i].samples);
+    CHECK(whole.stats[i].predicted == eager.stats[i].predicted);
+  }
+  CHECK(relative_difference(whole.model, eager.model) <= kF64Steps);
+  // The eager first step leaves .grad defined: one graph, and the lr written between steps
+  // is an input of it, not a reason to trace again.
+  CHECK(whole.graphs == 1);
+  CHECK(whole.recompiles == 0);
+}
+
+std::string run_printing(const train::Config& c, train::Result& result) {
+  std::ostringstream out;
+  train::Config loud = c;
+  loud.quiet = false;
+  result = train::run(loud, out);
+  return out.str();
+}
+
+}  // namespace
+
+TEST_CASE("whole step: per-token targets with masks give the eager step's losses and weights in f64",
+          "[trainer][whole_step]") {
+  models::BertConfig config = models::BertConfig::tiny(40);
+  config.hidden_dropout_prob = config.attention_probs_dropout_prob = 0;
+  auto steps = [&](bool whole) {
+    manual_seed(5);
+    models::BertForMaskedLM model(config);
+    model.to(DType::f64);
+    optim::SGD sgd(model.parameters(), {.lr = 0.5, .momentum = 0.9, .weight_decay = 1e-3});
+    return four_steps(model, sgd, token_batch, whole);
+  };
+  const Steps eager = steps(false), whole = steps(true);
+  // Row 1 predicts nothing, the others a few tokens each: the loss is their mean.
+  for (const train::StepStats& s : eager.stats) CHECK(s.predicted > 0);
+  check_same_steps(whole, eager);
+}
+
+TEST_CASE("whole step: a class per sample gives the eager step's losses and weights in f64, SGD and AdamW",
+          "[trainer][whole_step]") {
+  for (const bool adamw : {false, true}) {
+    INFO((adamw ? "adamw" : "sgd"));
+    auto steps = [&](bool whole) {
+      manual_seed(6);
+      models::MLP model({16, 8, 4});
+      model.to(DType::f64);
+      std::unique_ptr<optim::Optimizer> optimizer;
+      if (adamw) optimizer = std::make_unique<optim::AdamW>(model.parameters(), optim::AdamWOptions{.lr = 0.5});
+      else optimizer = std::make_unique<optim::SGD>(model.parameters(), optim::SGDOptions{.lr = 0.5, .momentum = 0.9});
+      return four_steps(model, *optimizer, image_batch, whole);
+    };
+    const Steps eager = steps(false), whole = steps(true);
+    for (const train::StepStats& s : eager.stats) CHECK(s.predicted == 6);
+    check_same_steps(whole, eager);
+  }
+}
+
+TEST_CASE("whole step: the loss scaler skips an overflowing step and clipping holds inside the graph, in f64",
+          "[trainer][whole_step]") {
+  // The scale multiplies the loss, unscale finds the infinite gradients of the third step,
+  // the update is skipped (parameters and momentum as they were: a graph that stepped would
+  // carry NaN into every weight) and the scale backs off; clipping at 0.5 binds on the
+  // other steps. All of it read on the device at each replay, not decided at the trace.
+  auto steps = [&](bool whole) {
+    manual_seed(6);
+    models::MLP model({16, 8, 4});
+    model.to(DType::f64);
+    optim::SGD sgd(model.parameters(), {.lr = 0.5, .momentum = 0.9});
+    optim::GradScaler scaler;
+    Steps out = four_steps(model, sgd, image_batch_overflowing, whole, {.scaler = &scaler, .clip_grad_norm = 0.5});
+    CHECK(scaler.get_scale() == 32768.0);  // backed off once, from 2^16
+    return out;
+  };
+  const Steps eager = steps(false), whole = steps(true);
+  CHECK_FALSE(std::isfinite(eager.stats[2].loss));
+  check_same_steps(whole, eager);
+}
+
+TEST_CASE("whole step: kiln-train --compile-whole-step trains like eager", "[trainer][whole_step]") {
+  struct Variant {
+    const char* name;
+    void (*set)(train::Config&);
+  };
+  const Variant variants[] = {
+      {"sgd, cosine", [](train::Config&) {}},
+      {"adamw", [](train::Config& c) { c.optimizer = "adamw", c.lr = 1e-3; }},
+      {"clipped", [](train::Config& c) { c.clip_grad_norm = 0.5; }},
+  };
+  // Not --amp fp16 here: its compiled steps, micro-steps and whole step alike, part from the
+  // eager run by more than these f32 bounds (f16 roundings of values summed in another order
+  // flip: 2.4e-3 normwise after the 10 steps, measured for both), so the scaler is checked
+  // in f64 above.
+  for (const Variant& v : variants) {
+    INFO(v.name);
+    train::Config c = small_cnn();
+    v.set(c);
+    const train::Result eager = run(c);
+    c.compile = true;
+    c.compile_whole_step = true;
+    train::Result whole;
+    const std::string printed = run_printing(c, whole);
+    CHECK_THAT(printed, Contains("compiled step: the whole step as one graph (--compile-whole-step)"));
+    // The first step eager (the optimizer's state), then one graph for the 9 steps of one
+    // batch shape: the schedule's lr is no reason to trace again, nothing breaks the graph.
+    CHECK_THAT(printed, Contains("compiled: 1 training graphs of the whole step (0 recompiles), "));
+    REQUIRE(whole.step_losses.size() == eager.step_losses.size());
+    for (size_t i = 0; i < eager.step_losses.size(); ++i)
+      CHECK(whole.step_losses[i] == Approx(eager.step_losses[i]).epsilon(kSmallCnnSums));
+    CHECK(relative_difference(whole.model, eager.model) <= kSmallCnnSums);
+    REQUIRE(whole.epochs.size() == eager.epochs.size());
+    for (size_t e = 0; e < eager.epochs.size(); ++e) {
+      CHECK(whole.epochs[e].train_loss == Approx(eager.epochs[e].train_loss).epsilon(kSmallCnnSums));
+      CHECK(whole.epochs[e].train_accuracy == eager.epochs[e].train_accuracy);
+    }
+  }
+}
+
+TEST_CASE("whole step: kiln-train --compile-whole-step trains the transformers like eager", "[trainer][whole_step][text]") {
+  // test_trainer_text.cpp's small_bert: bert-tiny masked LM with AdamW, clipping, dropout
+  // (the same Philox numbers in both) and its bound, summation_bound(512).
+  train::Config c;
+  c.arch = "bert-tiny";
+  c.data = (std::filesystem::path(KILN_SOURCE_DIR) / "tests/data/wordnet").string();
+  c.seq_len = 16;
+  c.vocab_size = 200;
+  c.batch = 4;
+  c.micro_batch = 2;
+  c.steps = 4;
+  c.epochs = 0;
+  c.workers = 1;
+  c.seed = 11;
+  c.optimizer = "adamw";
+  c.lr = 1e-3;
+  c.lr_schedule = "linear";
+  c.clip_grad_norm = 1.0;
+  c.quiet = true;
+  const train::Result eager = run(c);
+  c.compile = true;
+  c.compile_whole_step = true;
+  train::Result whole;
+  CHECK_THAT(run_printing(c, whole), Contains("compiled: 1 training graphs of the whole step (0 recompiles), "));
+  REQUIRE(whole.step_losses.size() == eager.step_losses.size());
+  for (size_t i = 0; i < eager.step_losses.size(); ++i)
+    CHECK(whole.step_losses[i] == Approx(eager.step_losses[i]).epsilon(summation_bound(512)));
+  CHECK(relative_difference(whole.model, eager.model) <= summation_bound(512));
+}
+
+TEST_CASE("whole step: which step graph kiln-train compiles, and why", "[trainer][whole_step]") {
+  train::Config c;
+  CHECK(train::choose_step_graph(c, 1).why == "eager");
+  c.compile = true;
+  CHECK_FALSE(train::choose_step_graph(c, 1).whole);  // the CPU's default
+  CHECK_THAT(train::choose_step_graph(c, 1).why, Contains("--compile-whole-step asks for it"));
+  c.compile_mode = "reduce-overhead";
+  CHECK_FALSE(train::choose_step_graph(c, 1).whole);  // no CUDA graphs on the CPU
+  c.device = "cuda";
+  for (const char* mode : {"reduce-overhead", "max-autotune"}) {
+    c.compile_mode = mode;
+    CHECK(train::choose_step_graph(c, 1).whole);
+    CHECK_THAT(train::choose_step_graph(c, 1).why, Contains("one CUDA graph replay per optimizer step"));
+  }
+  // AdamW's CUDA update reads its numbers on the host: no graph could be captured.
+  c.optimizer = "adamw";
+  CHECK_FALSE(train::choose_step_graph(c, 1).whole);
+  CHECK_THAT(train::choose_step_graph(c, 1).why, Contains("could not be captured"));
+  c.optimizer = "sgd";
+  // Data parallel keeps the micro-steps (the all-reduce is eager hooks), forced or not.
+  CHECK_FALSE(train::choose_step_graph(c, 2).whole);
+  c.compile_whole_step = true;
+  CHECK_FALSE(train::choose_step_graph(c, 2).whole);
+  CHECK_THAT(train::choose_step_graph(c, 2).why, Contains("--compile-whole-step does not apply"));
+  c.device = "cpu";
+  c.compile_mode = "default";
+  CHECK(train::choose_step_graph(c, 1).whole);
+}
+
+TEST_CASE("whole step: --compile-whole-step is parsed and needs --compile", "[trainer][whole_step][train_args]") {
+  const char* with[] = {"kiln-train", "--compile", "--compile-whole-step"};
+  CHECK(train::parse_args(3, with).compile_whole_step);
+  const char* without[] = {"kiln-train", "--compile-whole-step"};
+  CHECK_THROWS_WITH(train::parse_args(2, without), Contains("--compile-whole-step needs --compile"));
+  CHECK_THAT(train::usage(), Contains("--compile-whole-step"));
+}
+
+TEST_CASE("whole step: on a GPU, reduce-overhead replays one captured graph per optimizer step",
+          "[trainer][whole_step][cuda]") {
+  // Needs a GPU (none has run it yet). The whole step with SGD's hyperparameters on the
+  // device: captured once (after its warm-up run), replayed for every later step, and the
+  // cosine schedule's lr reaching every replay: the losses follow the eager GPU run's as
+  // the micro-step runs do in test_trainer.cpp (cuDNN's and cuBLAS's orders of sums).
+  train::Config c = small_cnn();
+  c.device = "cuda";
+  if (!cuda::is_available()) {
+    REQUIRE_THROWS_WITH(run(c), Contains("--device cuda: CUDA is not available"));
+    return;
+  }
+  const train::Result eager = run(c);
+  c.compile = true;
+  c.compile_mode = "reduce-overhead";
+  train::Result graphed;
+  const std::string printed = run_printing(c, graphed);
+  CHECK_THAT(printed, Contains("compiled step: the whole step as one graph"));
+  // 10 steps: the first eager, the second traces and runs the program (warm-up), the third
+  // captures, seven replays.
+  CHECK_THAT(printed, Contains("CUDA graphs: 1 captured, 7 replays"));
+  REQUIRE(graphed.step_losses.size() == eager.step_losses.size());
+  for (size_t i = 0; i < eager.step_losses.size(); ++i)
+    CHECK(graphed.step_losses[i] == Approx(eager.step_losses[i]).epsilon(1e-2));
+}
