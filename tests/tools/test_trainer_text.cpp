@@ -19,30 +19,6 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-const std::filesystem::path kWordnet = std::filesystem::path(KILN_SOURCE_DIR) / "tests/data/wordnet";
-
-// bert-tiny learning masked LM on the test copy of WordNet: blocks of 16 tokens, 4 steps
-// of batch 4 in micro-batches of 2.
-train::Config small_bert() {
-  train::Config c;
-  c.arch = "bert-tiny";
-  c.data = kWordnet.string();
-  c.seq_len = 16;
-  c.vocab_size = 200;
-  c.batch = 4;
-  c.micro_batch = 2;
-  c.steps = 4;
-  c.epochs = 0;
-  c.workers = 1;
-  c.seed = 11;
-  c.optimizer = "adamw";
-  c.lr = 1e-3;
-  c.lr_schedule = "linear";
-  c.clip_grad_norm = 1.0;
-  c.quiet = true;
-  return c;
-}
-
 // Token ids [N, L] in [5, vocab) (past the special ids), a mask with padding at the end of
 // some rows, and per-token targets: the id at a few positions, kIgnoreIndex elsewhere and
 // on padding; row 1 predicts nothing at all.

@@ -236,24 +236,9 @@ TEST_CASE("whole step: kiln-train --compile-whole-step trains like eager", "[tra
 }
 
 TEST_CASE("whole step: kiln-train --compile-whole-step trains the transformers like eager", "[trainer][whole_step][text]") {
-  // test_trainer_text.cpp's small_bert: bert-tiny masked LM with AdamW, clipping, dropout
-  // (the same Philox numbers in both) and its bound, summation_bound(512).
-  train::Config c;
-  c.arch = "bert-tiny";
-  c.data = (std::filesystem::path(KILN_SOURCE_DIR) / "tests/data/wordnet").string();
-  c.seq_len = 16;
-  c.vocab_size = 200;
-  c.batch = 4;
-  c.micro_batch = 2;
-  c.steps = 4;
-  c.epochs = 0;
-  c.workers = 1;
-  c.seed = 11;
-  c.optimizer = "adamw";
-  c.lr = 1e-3;
-  c.lr_schedule = "linear";
-  c.clip_grad_norm = 1.0;
-  c.quiet = true;
+  // small_bert (trainer_testing.h): bert-tiny masked LM with AdamW, clipping, dropout (the
+  // same Philox numbers in both) and test_trainer_text.cpp's bound, summation_bound(512).
+  train::Config c = small_bert();
   const train::Result eager = run(c);
   c.compile = true;
   c.compile_whole_step = true;

@@ -39,6 +39,28 @@ inline train::Config small_cnn() {
   return c;
 }
 
+// bert-tiny learning masked LM on the test copy of WordNet: blocks of 16 tokens, 4 steps
+// of batch 4 in micro-batches of 2.
+inline train::Config small_bert() {
+  train::Config c;
+  c.arch = "bert-tiny";
+  c.data = (std::filesystem::path(KILN_SOURCE_DIR) / "tests/data/wordnet").string();
+  c.seq_len = 16;
+  c.vocab_size = 200;
+  c.batch = 4;
+  c.micro_batch = 2;
+  c.steps = 4;
+  c.epochs = 0;
+  c.workers = 1;
+  c.seed = 11;
+  c.optimizer = "adamw";
+  c.lr = 1e-3;
+  c.lr_schedule = "linear";
+  c.clip_grad_norm = 1.0;
+  c.quiet = true;
+  return c;
+}
+
 // train::run with its printing discarded.
 inline train::Result run(const train::Config& c) {
   std::ostringstream out;
