@@ -102,7 +102,7 @@ template <class T>
 void library_gemm(GemmBackend backend, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha,
                   const T* a, int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc);
 
-// oneDNN 2.7's f32 matmul slows down on some large shapes, measured on two threads here
+// oneDNN 2.6's f32 matmul slows down on some large shapes, measured on two threads here
 // (docs/design-notes.md, "oneDNN's large products in blocks"): with B not transposed and
 // more than 2048 columns (GPT-2's 768 -> 3072 layer and its weight gradient: 114-129
 // GFLOP/s, 300 in blocks of 1024 columns), with more than 16384 sums (the vocabulary
