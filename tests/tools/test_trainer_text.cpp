@@ -19,28 +19,9 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-// Token ids [N, L] in [5, vocab) (past the special ids), a mask with padding at the end of
-// some rows, and per-token targets: the id at a few positions, kIgnoreIndex elsewhere and
-// on padding; row 1 predicts nothing at all.
-struct TokenBatch {
-  Tensor ids, mask, targets;
-};
-
+// Row 1 predicts nothing; the other rows the tokens at (i + 2j) % 5 == 0.
 TokenBatch token_batch(int64_t n, int64_t length, int64_t vocab, uint64_t seed) {
-  Generator gen(seed);
-  const Tensor ids = randint(5, vocab, {n, length}, {}, &gen);
-  Tensor mask = ones({n, length}, {.dtype = DType::i64});
-  Tensor targets = full({n, length}, data::kIgnoreIndex, {.dtype = DType::i64});
-  int64_t* m = mask.data_ptr<int64_t>();
-  int64_t* t = targets.data_ptr<int64_t>();
-  const int64_t* x = ids.data_ptr<int64_t>();
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t used = length - (i % 3);  // rows 1 and 2 end in padding
-    for (int64_t j = used; j < length; ++j) m[i * length + j] = 0;
-    for (int64_t j = 0; j < used; ++j)
-      if (i != 1 && (i + 2 * j) % 5 == 0) t[i * length + j] = x[i * length + j];
-  }
-  return {ids, mask, targets};
+  return testing::token_batch(n, length, vocab, seed, [](int64_t i, int64_t j) { return (i + 2 * j) % 5 == 0; });
 }
 
 }  // namespace

@@ -43,23 +43,12 @@ struct Batch {
 };
 
 // Ids [6, 9] in [5, 40) with padding at the end of rows 1 and 2, and per-token targets at a
-// few positions (row 1 predicts nothing; kIgnoreIndex elsewhere), drawn from `seed`.
+// few positions that move with `seed` (row 1 predicts nothing; kIgnoreIndex elsewhere).
 Batch token_batch(uint64_t seed) {
-  constexpr int64_t n = 6, length = 9;
-  Generator gen(seed);
-  const Tensor ids = randint(5, 40, {n, length}, {}, &gen);
-  Tensor mask = ones({n, length}, {.dtype = DType::i64});
-  Tensor targets = full({n, length}, data::kIgnoreIndex, {.dtype = DType::i64});
-  int64_t* m = mask.data_ptr<int64_t>();
-  int64_t* t = targets.data_ptr<int64_t>();
-  const int64_t* x = ids.data_ptr<int64_t>();
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t used = length - (i % 3);
-    for (int64_t j = used; j < length; ++j) m[i * length + j] = 0;
-    for (int64_t j = 0; j < used; ++j)
-      if (i != 1 && (i + 2 * j + static_cast<int64_t>(seed)) % 4 == 0) t[i * length + j] = x[i * length + j];
-  }
-  return {ids, targets, mask};
+  const TokenBatch b = testing::token_batch(6, 9, 40, seed, [seed](int64_t i, int64_t j) {
+    return (i + 2 * j + static_cast<int64_t>(seed)) % 4 == 0;
+  });
+  return {b.ids, b.targets, b.mask};
 }
 
 Batch image_batch(uint64_t seed) {

@@ -9,6 +9,9 @@
 #include <string>
 
 #include "core/disk_cache.h"
+#include "core/generator.h"
+#include "core/ops/factory.h"
+#include "data/dataset.h"
 #include "testing.h"
 #include "tools/trainer.h"
 
@@ -59,6 +62,32 @@ inline train::Config small_bert() {
   c.clip_grad_norm = 1.0;
   c.quiet = true;
   return c;
+}
+
+// A batch of token sequences for the text models' steps: ids [n, length] in [5, vocab)
+// (past the special ids) drawn from `seed`, a mask with padding at the end of the rows i
+// with i % 3 > 0 (i % 3 positions), and per-token targets: the id where
+// predicted(i, j) holds, except in row 1, which predicts nothing; kIgnoreIndex elsewhere
+// and on padding.
+struct TokenBatch {
+  Tensor ids, mask, targets;
+};
+template <class Predicted>
+TokenBatch token_batch(int64_t n, int64_t length, int64_t vocab, uint64_t seed, Predicted predicted) {
+  Generator gen(seed);
+  const Tensor ids = randint(5, vocab, {n, length}, {}, &gen);
+  Tensor mask = ones({n, length}, {.dtype = DType::i64});
+  Tensor targets = full({n, length}, data::kIgnoreIndex, {.dtype = DType::i64});
+  int64_t* m = mask.data_ptr<int64_t>();
+  int64_t* t = targets.data_ptr<int64_t>();
+  const int64_t* x = ids.data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t used = length - (i % 3);
+    for (int64_t j = used; j < length; ++j) m[i * length + j] = 0;
+    for (int64_t j = 0; j < used; ++j)
+      if (i != 1 && predicted(i, j)) t[i * length + j] = x[i * length + j];
+  }
+  return {ids, mask, targets};
 }
 
 // train::run with its printing discarded.
