@@ -270,8 +270,15 @@ std::shared_ptr<Program> build_program(const Graph& traced, const CompileOptions
     KILN_CHECK(v == "0" || v == "1", "kiln::compile: KILN_LINEAR_CROSS_ENTROPY must be 0 or 1, got '{}'", v);
     linear_cross_entropy = v == "1";
   }
-  Graph optimized = run_pipeline(traced, default_compile_passes(options.layout, split, linear_cross_entropy),
-                                 &records, false);
+  GemmActivations activations = options.gemm_activations;
+  if (const char* env = std::getenv("KILN_GEMM_ACTIVATIONS"); env && *env) {
+    const std::string v = env;
+    KILN_CHECK(v == "cuda" || v == "always" || v == "never",
+               "kiln::compile: KILN_GEMM_ACTIVATIONS must be cuda, always or never, got '{}'", v);
+    activations = v == "always" ? GemmActivations::always : v == "never" ? GemmActivations::never : GemmActivations::cuda;
+  }
+  Graph optimized = run_pipeline(
+      traced, default_compile_passes(options.layout, split, linear_cross_entropy, activations), &records, false);
   if (dump) {
     dump_file(options.dump_dir, number, "simplified.ir", print(optimized));
     dump_file(options.dump_dir, number, "passes.txt", timing_table(records));

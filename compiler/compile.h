@@ -108,6 +108,11 @@ struct CompileOptions {
   // (fuse_linear_cross_entropy, compiler/passes/passes.h). The environment's
   // KILN_LINEAR_CROSS_ENTROPY=0|1 overrides it (to measure the choice).
   bool linear_cross_entropy = true;
+  // Where a Linear's tanh GELU or ReLU (and the GELU's backward with the bias gradient) run
+  // in cuBLASLt's epilogues (gemm_activations, compiler/passes/passes.h): on CUDA (the
+  // default), always or never. The environment's KILN_GEMM_ACTIVATIONS=cuda|always|never
+  // overrides it.
+  GemmActivations gemm_activations = GemmActivations::cuda;
   // Time every step of the generated programs (see CompiledFunction::profile); also on when
   // the environment sets KILN_PROFILE=1.
   bool profile = false;

@@ -172,6 +172,8 @@ struct Registrar {
     set_gpu_work("conv2d_backward_weight", conv2d_backward_weight_work);
     for (const char* op : {"mm", "matmul", "bmm"}) set_gpu_work(op, first_operand_product);
     set_gpu_work("addmm", second_operand_product);
+    set_gpu_work("addmm_activation", second_operand_product);  // cuBLASLt's epilogue: one launch
+    set_gpu_work("mm_gelu_backward", first_operand_product);
     set_gpu_work("batch_norm", batch_norm_work);
     set_gpu_work("batch_norm_update", batch_norm_update_work);
     set_gpu_work("batch_norm_stats_update", batch_norm_stats_update_work);

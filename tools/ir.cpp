@@ -70,6 +70,7 @@ struct ModelOptions {
   std::optional<DType> amp;  // --amp: the forward (and loss) traced under autocast to this dtype
   std::optional<compiler::LayoutPolicy> layout;  // --layout; else the target's automatic choice
   compiler::BatchNormSplit batch_norm_split = compiler::BatchNormSplit::always;  // --batch-norm-split
+  compiler::GemmActivations gemm_activations = compiler::GemmActivations::always;  // --gemm-activations
   bool cost = false;         // --cost: the GPU cost model's table instead of a stage
   std::string gpu = "h200";  // --gpu: the GPU it models
   bool tf32 = true;          // --no-tf32: f32 products on CUDA cores
@@ -133,7 +134,8 @@ Stages build_stages(const ModelOptions& o) {
                                                    .channels = o.channels,
                                                    .amp = o.amp,
                                                    .layout = layout,
-                                                   .batch_norm_split = o.batch_norm_split});
+                                                   .batch_norm_split = o.batch_norm_split,
+                                                   .gemm_activations = o.gemm_activations});
   Stages s;
   s.texts.emplace_back("trace", compiler::print(step.traced));
   s.simplified = std::move(step.simplified);
@@ -242,11 +244,14 @@ int model_stages(const ModelOptions& o) {
   if (o.cost) {
     const compiler::GpuSpec& gpu = compiler::gpu_spec(o.gpu);
     const compiler::CostReport r = compiler::estimate_cost(s.simplified, s.groups, gpu, {.tf32 = o.tf32});
-    std::cout << fmt::format("cost model: {} {} step, batch {}, {}x{}, on {} ({}), {}, layout {}, batch norm split {}\n", o.arch,
+    std::cout << fmt::format("cost model: {} {} step, batch {}, {}x{}, on {} ({}), {}, layout {}, batch norm split {}, "
+                             "gemm activations {}\n",
+                             o.arch,
                              o.train ? "training" : "inference", o.batch, o.image_size, o.image_size, gpu.name,
                              gpu.description, o.amp ? fmt::format("autocast {}", *o.amp) : o.tf32 ? "tf32" : "f32",
                              compiler::layout_policy_name(o.layout ? *o.layout : compiler::LayoutPolicy::automatic),
-                             compiler::batch_norm_split_name(o.batch_norm_split))
+                             compiler::batch_norm_split_name(o.batch_norm_split),
+                             compiler::gemm_activations_name(o.gemm_activations))
               << compiler::cost_table(r);
     return 0;
   }
@@ -306,6 +311,13 @@ ModelOptions parse_model_options(int argc, char** argv) {
       else if (v == "never") o.batch_norm_split = compiler::BatchNormSplit::never;
       else fail("kiln-ir: --batch-norm-split {}: expected cuda, always or never", v);
     }
+    else if (option == "--gemm-activations") {
+      const std::string v = value();
+      if (v == "cuda") o.gemm_activations = compiler::GemmActivations::cuda;
+      else if (v == "always") o.gemm_activations = compiler::GemmActivations::always;
+      else if (v == "never") o.gemm_activations = compiler::GemmActivations::never;
+      else fail("kiln-ir: --gemm-activations {}: expected cuda, always or never", v);
+    }
     else if (option == "--amp") {
       const std::string v = value();
       if (v == "bf16") o.amp = DType::bf16;
@@ -333,7 +345,7 @@ void usage(std::ostream& os) {
   os << "usage: kiln-ir MODEL [--train] [--batch N] [--image-size N] [--classes N] [--channels N]\n"
         "               [--stage STAGE] [--dot FILE] [--diff STAGE_A STAGE_B] [--gpu-arch sm_XX]\n"
         "               [--amp bf16|fp16] [--layout auto|keep|channels_last]\n"
-        "               [--batch-norm-split always|cuda|never]\n"
+        "               [--batch-norm-split always|cuda|never] [--gemm-activations always|cuda|never]\n"
         "               [--cost [--gpu h200|h100|a100] [--no-tf32]]\n"
         "       kiln-ir --ops\n"
         "  MODEL   resnet18|resnet34|resnet50|resnet101|resnet152|mlp|cnn: traces one step\n"
@@ -351,6 +363,9 @@ void usage(std::ostream& os) {
         "  --batch-norm-split  where training batch norms become statistics ops and fused\n"
         "          pointwise work: always (the default: the CUDA target's schedule, which the\n"
         "          step traced on the CPU stands for), cuda (the CPU's schedule), never\n"
+        "  --gemm-activations  where a Linear's tanh GELU or ReLU (and the GELU's backward)\n"
+        "          become cuBLASLt epilogues (addmm_activation, mm_gelu_backward): always (the\n"
+        "          default, the CUDA target's schedule), cuda (the CPU's), never\n"
         "  --cost  the GPU cost model of the fused step on CUDA (compiler/cost.h): per step the\n"
         "          bytes read and written, GFLOP, launches and roofline time on --gpu (h200 by\n"
         "          default), totals per kind, and the planned traffic against the minimum\n"

@@ -31,7 +31,7 @@ StepGraph trace_step_graph(const StepGraphOptions& o) {
   };
   StepGraph s;
   s.traced = compiler::trace(step, {x, y}, names).graph;
-  s.simplified = compiler::run_pipeline(s.traced, compiler::default_compile_passes(o.layout, o.batch_norm_split), &s.passes);
+  s.simplified = compiler::run_pipeline(s.traced, compiler::default_compile_passes(o.layout, o.batch_norm_split, true, o.gemm_activations), &s.passes);
   s.schedule = compiler::fuse(s.simplified);
   return s;
 }

@@ -26,6 +26,9 @@ struct StepGraphOptions {
   // CUDA target's schedule, in which batch norm is split (split_batch_norm): `always` by
   // default; `cuda` gives the CPU's schedule (kiln-ir --batch-norm-split cuda).
   compiler::BatchNormSplit batch_norm_split = compiler::BatchNormSplit::always;
+  // Likewise a Linear's activation in cuBLASLt's epilogue (gemm_activations): `always` by
+  // default, `cuda` for the CPU's schedule (kiln-ir --gemm-activations cuda).
+  compiler::GemmActivations gemm_activations = compiler::GemmActivations::always;
 };
 
 struct StepGraph {

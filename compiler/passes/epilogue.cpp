@@ -11,7 +11,11 @@
 // The rule reads the old graph to know that the product has no other reader (it would be
 // computed twice otherwise). Sums round differently: the kernel adds x before or between
 // its blocks instead of once at the end, so the result agrees to rounding, not bit for bit.
+#include <algorithm>
 #include <array>
+#include <numeric>
+#include <optional>
+#include <set>
 #include <unordered_map>
 
 #include "compiler/passes/passes.h"
@@ -99,6 +103,235 @@ Graph gemm_epilogues(const Graph& graph, RewriteLog* log) {
   const std::vector<Rule> rules{
       {"accumulate_into_product", {"add"},
        [&sole](Rewriter& rw, const Candidate& c) { return accumulate_into_product(rw, c, sole); }}};
+  return rewrite(graph, rules, log);
+}
+
+// ---- gemm_activations: a Linear's activation in cuBLASLt's epilogue ----
+//
+// A Linear followed by a tanh GELU or a ReLU, in the traced step (x: [..., K], W: [K, N],
+// b: [N]; the product maybe addmm over flattened rows, under autocast):
+//
+//   pre = add(matmul(x, W), b)  or  addmm(b, view(x, [M, K]), W)
+//   y   = gelu(pre) {tanh}      or  relu(pre)                     (maybe through views)
+//   dp  = gelu_backward(matmul(g, V), pre) {tanh}                 (V: [K2, N]; maybe a view)
+//   db  = sum(dp, every dim but the last)                         (the bias's gradient)
+//
+// becomes addmm_activation(b, view(x, [M, K]), W) -> (y, pre) (relu: y alone, when nothing
+// but the relu reads pre) and mm_gelu_backward(view(g, [M, K2]), V, view(pre, [M, N])) ->
+// (dp, db), each viewed back to the shape it replaces. On CUDA these are cuBLASLt's
+// GELU_AUX_BIAS, RELU_BIAS and DGELU_BGRAD epilogues: the product's result is never written
+// and read back by a pointwise kernel, and the bias gradient's column sum comes with the
+// backward product.
+
+namespace {
+
+bool applies(const TensorType& t, GemmActivations where) {
+  if (where == GemmActivations::never || !is_floating(t.dtype)) return false;
+  return where == GemmActivations::always ? (t.device.is_cpu() || t.device.is_cuda()) : t.device.is_cuda();
+}
+
+bool is_product(const Node& n) { return n.kind == NodeKind::op && (n.op == "matmul" || n.op == "mm"); }
+
+bool scales_by_one(const Attrs& attrs, const char* name) {
+  const std::optional<Scalar> s = attrs.optional_scalar(name);
+  return !s || s->to_double() == 1.0;
+}
+
+// The operands of a biased product `pre` in graph g: x [..., K] (the rows), W [K, N] and b
+// [N], all of pre's dtype and device. `sole` says whether the product inside an add has no
+// other reader (the old graph's facts; in the new graph the rule already knows).
+struct BiasedProduct {
+  Value x, w, b;
+  int64_t m = 0, k = 0, n = 0;
+};
+template <class SoleReader>
+std::optional<BiasedProduct> biased_product(const Graph& g, Value pre, SoleReader sole) {
+  const Node& node = g.node(pre);
+  if (node.kind != NodeKind::op) return std::nullopt;
+  const TensorType& t = g.type(pre);
+  BiasedProduct p;
+  if (node.op == "addmm" && node.inputs.size() == 3) {
+    if (!scales_by_one(node.attrs, "beta") || !scales_by_one(node.attrs, "alpha")) return std::nullopt;
+    p.b = node.inputs[0], p.x = node.inputs[1], p.w = node.inputs[2];
+  } else if (node.op == "add" && node.inputs.size() == 2 && scales_by_one(node.attrs, "alpha")) {
+    const int side = is_product(g.node(node.inputs[0])) ? 0 : is_product(g.node(node.inputs[1])) ? 1 : -1;
+    if (side < 0 || g.type(node.inputs[static_cast<size_t>(side)]) != t || !sole(node.inputs[static_cast<size_t>(side)]))
+      return std::nullopt;
+    const Node& product = g.node(node.inputs[static_cast<size_t>(side)]);
+    p.x = product.inputs.at(0), p.w = product.inputs.at(1), p.b = node.inputs[static_cast<size_t>(1 - side)];
+  } else {
+    return std::nullopt;
+  }
+  const TensorType &x = g.type(p.x), &w = g.type(p.w), &b = g.type(p.b);
+  if (x.shape.size() < 2 || w.shape.size() != 2 || b.shape != Shape{w.shape[1]}) return std::nullopt;
+  for (const TensorType* o : {&x, &w, &b})
+    if (o->dtype != t.dtype || o->device != t.device) return std::nullopt;
+  p.k = w.shape[0], p.n = w.shape[1], p.m = numel_of(x.shape) / std::max<int64_t>(p.k, 1);
+  if (x.shape.back() != p.k || numel_of(t.shape) != p.m * p.n || t.shape.back() != p.n) return std::nullopt;
+  return p;
+}
+
+// The value under a chain of reshapes (view ops) of v.
+Value under_views(const Graph& g, Value v) {
+  while (g.node(v).kind == NodeKind::op && g.node(v).op == "view") v = g.node(v).inputs.at(0);
+  return v;
+}
+
+// The value under a chain of reshapes of v in which v and every value down to the end has
+// one reader; none when one has more.
+template <class SoleReader>
+Value under_sole_views(const Graph& g, Value v, SoleReader sole) {
+  if (!sole(v)) return {};
+  while (g.node(v).kind == NodeKind::op && g.node(v).op == "view") {
+    v = g.node(v).inputs.at(0);
+    if (!sole(v)) return {};
+  }
+  return v;
+}
+
+Value reshaped(Rewriter& rw, Value v, const Shape& shape) {
+  if (rw.type(v).shape == shape) return v;
+  return rw.add_op1("view", {v}, {{"shape", std::vector<int64_t>(shape.begin(), shape.end())}});
+}
+
+// The old graph's facts the rules need: which biased products a tanh GELU reads, which ReLUs
+// read a biased product nothing else reads, and which tanh GELU backward ops take a product
+// nothing else reads.
+class ActivationSites {
+ public:
+  ActivationSites(const Graph& g, GemmActivations where) {
+    const std::vector<bool> live = live_nodes(g);
+    std::unordered_map<int64_t, int32_t> readers;
+    for (size_t n = 0; n < g.nodes().size(); ++n)
+      if (live[n] && g.nodes()[n].kind == NodeKind::op)
+        for (Value v : g.nodes()[n].inputs)
+          if (v.defined()) ++readers[g.value_number(v)];
+    for (Value v : g.outputs()) readers[g.value_number(v)] += 2;  // an escaping value is never sole
+    for (const auto& wb : g.write_backs()) readers[g.value_number(wb.second)] += 2;
+    const auto sole = [&](Value v) { return readers[g.value_number(v)] == 1; };
+    for (size_t i = 0; i < g.nodes().size(); ++i) {
+      const Node& node = g.nodes()[i];
+      if (!live[i] || node.kind != NodeKind::op || node.inputs.empty() || !node.inputs[0].defined()) continue;
+      const Value in = node.inputs[0], self{static_cast<int32_t>(i), 0};
+      if (!applies(g.type(in), where)) continue;
+      if (node.op == "gelu" && node.attrs.str("approximate") == "tanh") {
+        const Value pre = under_views(g, in);
+        if (biased_product(g, pre, sole)) gelu_pre_.insert(g.value_number(pre));
+      } else if (node.op == "relu") {
+        const Value v = under_sole_views(g, in, sole);
+        if (v.defined() && biased_product(g, v, sole)) relus_.insert(g.value_number(self));
+      } else if (node.op == "gelu_backward" && node.attrs.str("approximate") == "tanh" && node.inputs.size() == 2 &&
+                 g.type(node.inputs[1]) == g.type(in) && g.type(in) == node.outputs[0]) {
+        const Value p = under_sole_views(g, in, sole);
+        if (!p.defined() || !is_product(g.node(p))) continue;
+        const Node& product = g.node(p);
+        const TensorType &a = g.type(product.inputs.at(0)), &w = g.type(product.inputs.at(1));
+        if (a.shape.size() >= 2 && w.shape.size() == 2 && a.dtype == w.dtype) gelu_backward_.insert(g.value_number(self));
+      }
+    }
+  }
+  bool gelu_pre(int64_t old_number) const { return gelu_pre_.count(old_number) > 0; }
+  bool relu(int64_t old_number) const { return relus_.count(old_number) > 0; }
+  bool gelu_backward(int64_t old_number) const { return gelu_backward_.count(old_number) > 0; }
+
+ private:
+  std::set<int64_t> gelu_pre_, relus_, gelu_backward_;
+};
+
+// addmm_activation over a biased product of the graph being built (the rules have checked
+// it in the old graph).
+Values activation_op(Rewriter& rw, const BiasedProduct& p, const char* activation, const std::string& source) {
+  const Value rows = reshaped(rw, p.x, Shape{p.m, p.k});
+  return rw.add_op("addmm_activation", {p.b, rows, p.w}, {{"activation", std::string(activation)}}, source);
+}
+
+const auto any_reader = [](Value) { return true; };
+
+// pre = add(matmul(x, W), b) or addmm(b, x, W) that a tanh GELU reads -> addmm_activation's pre.
+Replacement gelu_pre(Rewriter& rw, const Candidate& c, const ActivationSites& sites) {
+  if (c.old_number < 0 || !sites.gelu_pre(c.old_number)) return std::nullopt;
+  // The candidate is not in the graph yet: its operands are.
+  BiasedProduct p;
+  if (c.op() == "addmm") {
+    p.b = c.inputs[0], p.x = c.inputs[1], p.w = c.inputs[2];
+  } else {
+    const size_t side = is_product(rw.producer(c.inputs[0])) ? 0 : 1;
+    const Node& product = rw.producer(c.inputs[side]);
+    p.x = product.inputs.at(0), p.w = product.inputs.at(1), p.b = c.inputs[1 - side];
+  }
+  p.k = rw.type(p.w).shape[0], p.n = rw.type(p.w).shape[1];
+  p.m = numel_of(c.outputs[0].shape) / std::max<int64_t>(p.n, 1);
+  const Values r = activation_op(rw, p, "gelu_tanh", c.source);
+  return Values{reshaped(rw, r[1], c.outputs[0].shape)};
+}
+
+// gelu(pre) {tanh}, pre addmm_activation's (through views) -> its out.
+Replacement gelu_out(Rewriter& rw, const Candidate& c) {
+  if (c.attrs.str("approximate") != "tanh") return std::nullopt;
+  const Value pre = under_views(rw.graph(), c.inputs[0]);
+  const Node& maker = rw.producer(pre);
+  if (maker.op != "addmm_activation" || pre.output != 1) return std::nullopt;
+  return Values{reshaped(rw, Value{pre.node, 0}, c.outputs[0].shape)};
+}
+
+// relu(pre), pre a biased product read by nothing else -> addmm_activation {relu}.
+Replacement relu_out(Rewriter& rw, const Candidate& c, const ActivationSites& sites) {
+  if (c.old_number < 0 || !sites.relu(c.old_number)) return std::nullopt;
+  const std::optional<BiasedProduct> p = biased_product(rw.graph(), under_views(rw.graph(), c.inputs[0]), any_reader);
+  if (!p) return std::nullopt;
+  return Values{reshaped(rw, activation_op(rw, *p, "relu", c.source)[0], c.outputs[0].shape)};
+}
+
+// gelu_backward(matmul(g, V), pre) {tanh} -> mm_gelu_backward's grad_pre.
+Replacement gelu_backward_in_product(Rewriter& rw, const Candidate& c, const ActivationSites& sites) {
+  if (c.old_number < 0 || !sites.gelu_backward(c.old_number)) return std::nullopt;
+  const Node& product = rw.producer(under_views(rw.graph(), c.inputs[0]));
+  if (!is_product(product)) return std::nullopt;
+  const Value g = product.inputs.at(0), v = product.inputs.at(1);
+  const int64_t k = rw.type(v).shape[0], n = rw.type(v).shape[1];
+  const int64_t m = numel_of(c.outputs[0].shape) / std::max<int64_t>(n, 1);
+  const Values r = rw.add_op("mm_gelu_backward",
+                             {reshaped(rw, g, Shape{m, k}), v, reshaped(rw, c.inputs[1], Shape{m, n})}, {}, c.source);
+  return Values{reshaped(rw, r[0], c.outputs[0].shape)};
+}
+
+// sum(grad_pre, every dim but the last) of mm_gelu_backward's grad_pre -> its grad_bias.
+Replacement gelu_bias_grad(Rewriter& rw, const Candidate& c) {
+  if (c.inputs.size() != 1 || c.attrs.has("dtype")) return std::nullopt;
+  const Value in = under_views(rw.graph(), c.inputs[0]);
+  if (rw.producer(in).op != "mm_gelu_backward" || in.output != 0) return std::nullopt;
+  const Shape& shape = rw.type(c.inputs[0]).shape;
+  std::vector<int64_t> dims = c.attrs.ints("dims");
+  for (int64_t& d : dims)
+    if (d < 0) d += static_cast<int64_t>(shape.size());
+  std::sort(dims.begin(), dims.end());
+  std::vector<int64_t> all_but_last(shape.size() - 1);
+  std::iota(all_but_last.begin(), all_but_last.end(), 0);
+  if (shape.empty() || dims != all_but_last || shape.back() != rw.type(in).shape[1]) return std::nullopt;
+  return Values{reshaped(rw, Value{in.node, 1}, c.outputs[0].shape)};
+}
+
+}  // namespace
+
+const char* gemm_activations_name(GemmActivations where) {
+  switch (where) {
+    case GemmActivations::cuda: return "cuda";
+    case GemmActivations::always: return "always";
+    case GemmActivations::never: return "never";
+  }
+  return "?";
+}
+
+Graph gemm_activations(const Graph& graph, GemmActivations where, RewriteLog* log) {
+  if (where == GemmActivations::never) return graph;
+  const ActivationSites sites(graph, where);
+  const std::vector<Rule> rules{
+      {"gemm_gelu", {"add", "addmm"}, [&sites](Rewriter& rw, const Candidate& c) { return gelu_pre(rw, c, sites); }},
+      {"gemm_gelu_out", {"gelu"}, [](Rewriter& rw, const Candidate& c) { return gelu_out(rw, c); }},
+      {"gemm_relu", {"relu"}, [&sites](Rewriter& rw, const Candidate& c) { return relu_out(rw, c, sites); }},
+      {"gemm_gelu_backward", {"gelu_backward"},
+       [&sites](Rewriter& rw, const Candidate& c) { return gelu_backward_in_product(rw, c, sites); }},
+      {"gemm_gelu_bias_grad", {"sum"}, [](Rewriter& rw, const Candidate& c) { return gelu_bias_grad(rw, c); }}};
   return rewrite(graph, rules, log);
 }
 

@@ -67,6 +67,22 @@ Graph fuse_linear_cross_entropy(const Graph& graph, RewriteLog* log = nullptr);
 // partial sums). Logs one line per rewrite.
 Graph gemm_epilogues(const Graph& graph, RewriteLog* log = nullptr);
 
+// Where gemm_activations applies: to values on CUDA devices (the default: cuBLASLt's
+// epilogues save a pointwise kernel's pass over the product), on the CPU and CUDA (tests;
+// kiln-ir's CUDA schedule traced on the CPU), or nowhere. On the CPU the activation is a
+// pass over the product either way (docs/compiler.md, "GEMM epilogues").
+enum class GemmActivations : uint8_t { cuda, always, never };
+const char* gemm_activations_name(GemmActivations where);  // "cuda", "always", "never"
+
+// A Linear's tanh GELU or ReLU, and the tanh GELU's backward through the next product, as
+// cuBLASLt's epilogues (compiler/passes/epilogue.cpp): pre = matmul(x, W) + b (or addmm)
+// read by gelu(pre) {tanh} becomes addmm_activation(b, x, W) -> (gelu, pre); relu(pre) with
+// no other reader of pre becomes addmm_activation {relu}; gelu_backward(matmul(g, V), pre)
+// {tanh} becomes mm_gelu_backward(g, V, pre) -> (grad_pre, grad_bias), whose grad_bias
+// replaces the bias gradient's sum(grad_pre, every dim but the last). Products with other
+// readers stay. Results agree to rounding. Logs one line per rewrite.
+Graph gemm_activations(const Graph& graph, GemmActivations where, RewriteLog* log = nullptr);
+
 // Where split_batch_norm applies: to values on CUDA devices (the default: there a separate
 // pass over memory costs what the arithmetic does not), on every device with a code
 // generator (tests; measurements on the CPU), or nowhere. docs/compiler.md says why the CPU
@@ -129,10 +145,11 @@ Graph run_pipeline(const Graph& graph, const std::vector<NamedPass>& passes,
 std::vector<NamedPass> default_simplify_passes();
 // What kiln::compile runs before fusion: {fold_constants, simplify,
 // fuse_linear_cross_entropy (unless linear_cross_entropy is false), decompose,
-// gemm_epilogues, layout, split_batch_norm, dead_code}.
+// gemm_epilogues, gemm_activations, layout, split_batch_norm, dead_code}.
 std::vector<NamedPass> default_compile_passes(LayoutPolicy layout = LayoutPolicy::automatic,
                                               BatchNormSplit batch_norm = BatchNormSplit::cuda,
-                                              bool linear_cross_entropy = true);
+                                              bool linear_cross_entropy = true,
+                                              GemmActivations gemm_activations = GemmActivations::cuda);
 
 // An aligned table: pass, ms, nodes before -> after, rewrites; then a total line.
 std::string timing_table(const std::vector<PassRecord>& records);

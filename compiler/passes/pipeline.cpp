@@ -38,12 +38,14 @@ std::vector<NamedPass> default_simplify_passes() {
 }
 
 std::vector<NamedPass> default_compile_passes(LayoutPolicy layout, BatchNormSplit batch_norm,
-                                              bool linear_cross_entropy) {
+                                              bool linear_cross_entropy, GemmActivations gemm_activation) {
   std::vector<NamedPass> passes{{"fold_constants", fold_constants}, {"simplify", simplify}};
   if (linear_cross_entropy) passes.push_back({"fuse_linear_cross_entropy", fuse_linear_cross_entropy});
   for (NamedPass& pass : std::vector<NamedPass>{
            {"decompose", decompose},
           {"gemm_epilogues", gemm_epilogues},
+          {"gemm_activations",
+           [gemm_activation](const Graph& g, RewriteLog* log) { return gemm_activations(g, gemm_activation, log); }},
           {"layout", [layout](const Graph& g, RewriteLog* log) { return choose_layout(g, layout, log); }},
           {"split_batch_norm",
            [batch_norm](const Graph& g, RewriteLog* log) { return split_batch_norm(g, batch_norm, log); }},

@@ -104,7 +104,56 @@ int addmm_accumulator(std::span<const TensorMeta> in) {
 const OpDef& kAddmm = define_op({.name = "addmm", .infer = infer_addmm, .accumulator = addmm_accumulator,
                                  .cast_policy = CastPolicy::lower});
 
+// addmm_activation(bias [N], a [M, K], b [K, N]) {activation} -> (out, pre if gelu_tanh)
+std::vector<TensorMeta> infer_addmm_activation(std::span<const TensorMeta> in, const Attrs& attrs) {
+  const char* op = "addmm_activation";
+  const std::string& act = attrs.str("activation");
+  KILN_CHECK(act == "relu" || act == "gelu_tanh", "{}: activation must be \"relu\" or \"gelu_tanh\", got \"{}\"", op,
+             act);
+  KILN_CHECK(in.size() == 3, "{}: expects 3 tensors (bias, a, b), got {}", op, in.size());
+  const TensorMeta &bias = in[0], &a = in[1], &b = in[2];
+  check_operands(op, a, b);
+  KILN_CHECK(is_floating(a.dtype), "{}: operands must be floating, got {}", op, metas_str(in));
+  KILN_CHECK(a.shape.size() == 2 && b.shape.size() == 2, "{}: {} @ {}: operands must be 2-d", op,
+             shape_str(a.shape), shape_str(b.shape));
+  check_inner(op, a.shape, b.shape, a.shape[1], b.shape[0]);
+  KILN_CHECK(bias.defined && bias.dtype == a.dtype && bias.device == a.device && bias.shape == Shape{b.shape[1]},
+             "{}: bias must be [{}] of the operands' dtype and device, got {}", op, b.shape[1], metas_str(in));
+  const TensorMeta out{{a.shape[0], b.shape[1]}, a.dtype, a.device};
+  if (act == "relu") return {out};
+  return {out, out};
+}
+const OpDef& kAddmmActivation = define_op({.name = "addmm_activation", .infer = infer_addmm_activation});
+
+// mm_gelu_backward(g [M, K], w [K, N], pre [M, N]) -> (grad_pre [M, N], grad_bias [N])
+std::vector<TensorMeta> infer_mm_gelu_backward(std::span<const TensorMeta> in, const Attrs&) {
+  const char* op = "mm_gelu_backward";
+  KILN_CHECK(in.size() == 3, "{}: expects 3 tensors (g, w, pre), got {}", op, in.size());
+  const TensorMeta &g = in[0], &w = in[1], &pre = in[2];
+  check_operands(op, g, w);
+  KILN_CHECK(is_floating(g.dtype), "{}: operands must be floating, got {}", op, metas_str(in));
+  KILN_CHECK(g.shape.size() == 2 && w.shape.size() == 2, "{}: {} @ {}: operands must be 2-d", op,
+             shape_str(g.shape), shape_str(w.shape));
+  check_inner(op, g.shape, w.shape, g.shape[1], w.shape[0]);
+  const Shape out{g.shape[0], w.shape[1]};
+  KILN_CHECK(pre.defined && pre.dtype == g.dtype && pre.device == g.device && pre.shape == out,
+             "{}: pre must be the product's shape {} and the operands' dtype and device, got {}", op,
+             shape_str(out), metas_str(in));
+  return {TensorMeta{out, g.dtype, g.device}, TensorMeta{{out[1]}, g.dtype, g.device}};
+}
+const OpDef& kMmGeluBackward = define_op({.name = "mm_gelu_backward", .infer = infer_mm_gelu_backward});
+
 }  // namespace
+
+AddmmActivation addmm_activation(const Tensor& bias, const Tensor& a, const Tensor& b, const std::string& activation) {
+  std::vector<Tensor> out = call_op(kAddmmActivation, {bias, a, b}, {{"activation", activation}});
+  return {out[0], out.size() > 1 ? out[1] : Tensor()};
+}
+
+MmGeluBackward mm_gelu_backward(const Tensor& g, const Tensor& w, const Tensor& pre) {
+  std::vector<Tensor> out = call_op(kMmGeluBackward, {g, w, pre});
+  return {out[0], out[1]};
+}
 
 Tensor matmul(const Tensor& a, const Tensor& b) { return call_op1(kMatmul, {a, b}); }
 Tensor mm(const Tensor& a, const Tensor& b) { return call_op1(kMm, {a, b}); }

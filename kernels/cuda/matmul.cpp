@@ -12,6 +12,14 @@
 // one element per row of its column-major D, which is per column n of kiln's row-major
 // output. Where its heuristic offers no algorithm (f64, odd alignments), or with
 // KILN_CUBLASLT=0, addmm takes the cuBLAS path.
+//
+// The compiler's activation epilogues (core/ops/linalg.h) go through cuBLASLt too:
+// addmm_activation as RELU_BIAS or GELU_AUX_BIAS (the GELU's input written to the auxiliary
+// matrix for the backward), mm_gelu_backward as DGELU_BGRAD (the auxiliary matrix read, the
+// bias gradient written to the bias vector). cuBLASLt's GELU is the tanh approximation, with
+// its own arithmetic, so these agree with kiln's gelu kernels to rounding, not bit for bit.
+// The auxiliary matrix's leading dimension must be a multiple of 8; otherwise, and where the
+// heuristic offers no algorithm, they run as the chain of ops (kernels/gemm_activation.h).
 #include <cublasLt.h>
 #include <cublas_v2.h>
 
@@ -30,6 +38,7 @@
 #include "core/ops/factory.h"
 #include "core/registry.h"
 #include "kernels/cuda/matmul.h"
+#include "kernels/gemm_activation.h"
 #include "kernels/cuda/runtime.h"
 
 namespace kiln::cuda {
@@ -160,9 +169,10 @@ void matmul_kernel(Span in, Span out, const Attrs&) {
   into_contiguous(out[0], [&](const Tensor& o) { gemm("matmul", a3, b3, o.view({count, m, n}), 1.0, 0.0); });
 }
 
-// ---- cuBLASLt: addmm's bias in the epilogue ----
+// ---- cuBLASLt: bias and activations in the epilogue ----
 
 std::atomic<int64_t> g_lt_bias_calls{0};
+std::atomic<int64_t> g_lt_activation_calls{0};
 
 void check_lt(cublasStatus_t s, const char* what) {
   KILN_CHECK(s == CUBLAS_STATUS_SUCCESS, "addmm: cuBLASLt {} failed: {} ({})", what, status_name(s), static_cast<int>(s));
@@ -212,10 +222,20 @@ uint32_t alignment_of(const void* p) {
   return a;
 }
 
-// o = alpha * a @ b + bias for [m, k] @ [k, n] into a contiguous [m, n] o, bias a packed
-// [n] vector of o's dtype. Returns false, having done nothing, when cuBLASLt offers no
-// algorithm for the call.
-bool lt_addmm_bias(const Tensor& a2, const Tensor& b2, const Tensor& bias, const Tensor& o, double alpha) {
+// What cuBLASLt does to a product in its epilogue.
+struct LtEpilogue {
+  cublasLtEpilogue_t kind = CUBLASLT_EPILOGUE_BIAS;
+  // A packed [n] vector of the output's dtype: read by BIAS, RELU_BIAS and GELU_AUX_BIAS,
+  // written by DGELU_BGRAD (the bias gradient).
+  const void* bias = nullptr;
+  // An [m, n] matrix of the output's dtype, row-major with n a multiple of 8: written by
+  // GELU_AUX_BIAS (the GELU's input), read by DGELU_BGRAD. Null for the others.
+  const void* aux = nullptr;
+};
+
+// o = epilogue(alpha * a @ b) for [m, k] @ [k, n] into a contiguous [m, n] o. Returns false,
+// having done nothing, when cuBLASLt offers no algorithm for the call.
+bool lt_matmul(const Tensor& a2, const Tensor& b2, const Tensor& o, double alpha, const LtEpilogue& e) {
   const int64_t m = o.size(0), n = o.size(1), k = a2.size(1);
   const Operand a = operand(a2.unsqueeze(0)), b = operand(b2.unsqueeze(0));
   const DType dt = o.dtype();
@@ -230,13 +250,21 @@ bool lt_addmm_bias(const Tensor& a2, const Tensor& b2, const Tensor& bias, const
   LtMatmulDesc desc;
   check_lt(cublasLtMatmulDescCreate(&desc.d, compute, CUDA_R_32F), "matmul descriptor");
   const cublasOperation_t op_b = b.trans ? CUBLAS_OP_T : CUBLAS_OP_N, op_a = a.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
-  const void* bias_ptr = bias.data_ptr();
+  const void* bias_ptr = e.bias;
   check_lt(cublasLtMatmulDescSetAttribute(desc.d, CUBLASLT_MATMUL_DESC_TRANSA, &op_b, sizeof op_b), "TRANSA");
   check_lt(cublasLtMatmulDescSetAttribute(desc.d, CUBLASLT_MATMUL_DESC_TRANSB, &op_a, sizeof op_a), "TRANSB");
-  check_lt(cublasLtMatmulDescSetAttribute(desc.d, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue), "EPILOGUE");
+  check_lt(cublasLtMatmulDescSetAttribute(desc.d, CUBLASLT_MATMUL_DESC_EPILOGUE, &e.kind, sizeof e.kind), "EPILOGUE");
   check_lt(cublasLtMatmulDescSetAttribute(desc.d, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_ptr, sizeof bias_ptr),
            "BIAS_POINTER");
+  if (e.aux) {
+    // The auxiliary matrix is laid out as D: column-major n x m, leading dimension n.
+    const void* aux_ptr = e.aux;
+    const int64_t aux_ld = n;
+    check_lt(cublasLtMatmulDescSetAttribute(desc.d, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux_ptr, sizeof aux_ptr),
+             "EPILOGUE_AUX_POINTER");
+    check_lt(cublasLtMatmulDescSetAttribute(desc.d, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld),
+             "EPILOGUE_AUX_LD");
+  }
   LtLayout first, second, result;
   check_lt(cublasLtMatrixLayoutCreate(&first.l, type, static_cast<uint64_t>(b.trans ? k : n),
                                       static_cast<uint64_t>(b.trans ? n : k), b.ld),
@@ -266,10 +294,11 @@ bool lt_addmm_bias(const Tensor& a2, const Tensor& b2, const Tensor& bias, const
   const cublasLtHandle_t h = lt_handle_for(device);
   // The heuristic's answer, once per problem (it costs tens of microseconds of host time):
   // everything it was told is in the key.
-  const std::string key = fmt::format("{}|{}|{}|{}x{}x{}|{}{}|{}|{}|{}|{}|{}|{}", device, static_cast<int>(dt),
-                                      static_cast<int>(compute), m, n, k, b.trans, a.trans, b.ld, a.ld,
-                                      alignment_of(b.t.data_ptr()), alignment_of(a.t.data_ptr()),
-                                      alignment_of(o.data_ptr()), alignment_of(bias_ptr));
+  const std::string key = fmt::format("{}|{}|{}|{}|{}x{}x{}|{}{}|{}|{}|{}|{}|{}|{}|{}", device, static_cast<int>(e.kind),
+                                      static_cast<int>(dt), static_cast<int>(compute), m, n, k, b.trans, a.trans, b.ld,
+                                      a.ld, alignment_of(b.t.data_ptr()), alignment_of(a.t.data_ptr()),
+                                      alignment_of(o.data_ptr()), alignment_of(bias_ptr),
+                                      e.aux ? alignment_of(e.aux) : 0);
   static std::mutex cache_mutex;
   static std::map<std::string, std::optional<cublasLtMatmulHeuristicResult_t>> cache;
   std::optional<cublasLtMatmulHeuristicResult_t> choice;
@@ -302,7 +331,7 @@ bool lt_addmm_bias(const Tensor& a2, const Tensor& b2, const Tensor& bias, const
     cache[key] = std::nullopt;
     return false;
   }
-  ++g_lt_bias_calls;
+  ++(e.kind == CUBLASLT_EPILOGUE_BIAS ? g_lt_bias_calls : g_lt_activation_calls);
   return true;
 }
 
@@ -326,7 +355,7 @@ void addmm_kernel(Span in, Span out, const Attrs& attrs) {
   if (beta == 1.0 && lt_enabled() && out[0].is_contiguous() && out[0].numel() > 0 &&
       in[0].storage() != out[0].storage()) {
     const Tensor vec = bias_vector(in[0], out[0].size(1), out[0].dtype());
-    if (vec.defined() && lt_addmm_bias(in[1], in[2], vec, out[0], alpha)) return;
+    if (vec.defined() && lt_matmul(in[1], in[2], out[0], alpha, {.bias = vec.data_ptr()})) return;
   }
   into_contiguous(out[0], [&](const Tensor& o) {
     // The bias, broadcast (beta == 0 never reads it); already there when the program
@@ -336,8 +365,47 @@ void addmm_kernel(Span in, Span out, const Attrs& attrs) {
   });
 }
 
+// Whether t can be cuBLASLt's auxiliary matrix: contiguous [m, n] with n a multiple of 8 (the
+// leading dimension cuBLASLt requires), 16-byte aligned.
+bool fits_aux(const Tensor& t) {
+  return t.is_contiguous() && t.dim() == 2 && t.size(1) % 8 == 0 && alignment_of(t.data_ptr()) >= 16;
+}
+
+// in: (bias, a, b); out: (out) for relu, (out, pre) for gelu_tanh.
+void addmm_activation_kernel(Span in, Span out, const Attrs& attrs) {
+  data_type(in[1].dtype(), "addmm_activation");
+  const bool gelu = attrs.str("activation") == "gelu_tanh";
+  if (lt_enabled() && out[0].is_contiguous() && out[0].numel() > 0 && (!gelu || fits_aux(out[1]))) {
+    const Tensor vec = bias_vector(in[0], out[0].size(1), out[0].dtype());
+    const LtEpilogue e{.kind = gelu ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_RELU_BIAS,
+                       .bias = vec.defined() ? vec.data_ptr() : nullptr,
+                       .aux = gelu ? out[1].data_ptr() : nullptr};
+    if (vec.defined() && lt_matmul(in[1], in[2], out[0], 1.0, e)) return;
+  }
+  addmm_activation_composed(in, out, attrs);
+}
+
+// in: (g, w, pre); out: (grad_pre, grad_bias). The bias gradient is written into a packed,
+// 16-byte aligned vector (a copy when the output is not one).
+void mm_gelu_backward_kernel(Span in, Span out, const Attrs& attrs) {
+  data_type(in[0].dtype(), "mm_gelu_backward");
+  const Tensor& pre = in[2];
+  if (lt_enabled() && out[0].is_contiguous() && out[0].numel() > 0 && out[0].size(1) > 1 && fits_aux(pre)) {
+    const bool direct = out[1].is_contiguous() && alignment_of(out[1].data_ptr()) >= 16;
+    const Tensor grad_bias = direct ? out[1] : empty(out[1].shape(), {.dtype = out[1].dtype(), .device = out[1].device()});
+    const LtEpilogue e{.kind = CUBLASLT_EPILOGUE_DGELU_BGRAD, .bias = grad_bias.data_ptr(), .aux = pre.data_ptr()};
+    if (lt_matmul(in[0], in[1], out[0], 1.0, e)) {
+      if (!direct) Tensor(out[1]).copy_(grad_bias);
+      return;
+    }
+  }
+  mm_gelu_backward_composed(in, out, attrs);
+}
+
 struct Registrar {
   Registrar() {
+    register_kernel("addmm_activation", DeviceType::cuda, addmm_activation_kernel);
+    register_kernel("mm_gelu_backward", DeviceType::cuda, mm_gelu_backward_kernel);
     register_kernel("matmul", DeviceType::cuda, matmul_kernel);
     register_kernel("mm", DeviceType::cuda, matmul_kernel);
     register_kernel("bmm", DeviceType::cuda, matmul_kernel);
@@ -349,6 +417,7 @@ struct Registrar {
 
 void set_allow_tf32(bool allow) { g_allow_tf32.store(allow); }
 int64_t cublaslt_bias_epilogues() { return g_lt_bias_calls.load(); }
+int64_t cublaslt_activation_epilogues() { return g_lt_activation_calls.load(); }
 bool allow_tf32() { return g_allow_tf32.load(); }
 
 }  // namespace kiln::cuda

@@ -197,6 +197,43 @@ TEST_CASE("matrix products on the GPU through cuBLAS equal the CPU", "[cuda]") {
                     Catch::Contains("mm") && Catch::Contains("not supported on CUDA"));
 }
 
+// The compiler's activation epilogues (core/ops/linalg.h): cuBLASLt's RELU_BIAS,
+// GELU_AUX_BIAS and DGELU_BGRAD against the CPU's chains of ops. cuBLASLt computes its tanh
+// GELU with its own arithmetic (the hardware tanh approximation has a relative error up to
+// 2^-11), so GELU results and derivatives get 2e-3 absolute and relative for values of
+// magnitude up to about 3 here, on top of the products' tolerance; ReLU and the pre-activation
+// are the products'.
+TEST_CASE("addmm_activation and mm_gelu_backward on the GPU run in cuBLASLt's epilogues and equal the CPU",
+          "[cuda][gemm_activations]") {
+  KILN_NEEDS_GPU();
+  for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
+    INFO(name(dt));
+    const double t = dt == DType::f32 ? 1e-5 : 1e-2, g = dt == DType::f32 ? 2e-3 : 2e-2;
+    // n = 16 columns: a multiple of 8, as the auxiliary matrix's leading dimension must be.
+    const Tensor x = values_in({17, 32}, -1, 1, dt, 31), w = values_in({16, 32}, -1, 1, dt, 32);
+    const Tensor bias = values_in({16}, -1, 1, dt, 33);
+    int64_t before = cuda::cublaslt_activation_epilogues();
+    const AddmmActivation cpu_gelu = addmm_activation(bias, x, w.t(), "gelu_tanh");
+    const AddmmActivation gpu_gelu = addmm_activation(gpu(bias), gpu(x), gpu(w).t(), "gelu_tanh");
+    KILN_CHECK_CLOSE(host(gpu_gelu.pre), cpu_gelu.pre, t, t * 33);
+    KILN_CHECK_CLOSE(host(gpu_gelu.out), cpu_gelu.out, g, g + t * 33);
+    const AddmmActivation gpu_relu = addmm_activation(gpu(bias), gpu(x), gpu(w).t(), "relu");
+    KILN_CHECK_CLOSE(host(gpu_relu.out), addmm_activation(bias, x, w.t(), "relu").out, t, t * 33);
+    const Tensor grad = values_in({17, 24}, -1, 1, dt, 34), v = values_in({24, 16}, -1, 1, dt, 35);
+    const MmGeluBackward cpu_back = mm_gelu_backward(grad, v, cpu_gelu.pre);
+    const MmGeluBackward gpu_back = mm_gelu_backward(gpu(grad), gpu(v), gpu_gelu.pre);
+    KILN_CHECK_CLOSE(host(gpu_back.grad_pre), cpu_back.grad_pre, g, g + t * 24);
+    KILN_CHECK_CLOSE(host(gpu_back.grad_bias), cpu_back.grad_bias, g, 17 * (g + t * 24));
+    // All three took the epilogues; 12 columns (no multiple of 8) take the chain of ops.
+    CHECK(cuda::cublaslt_activation_epilogues() == before + 3);
+    before = cuda::cublaslt_activation_epilogues();
+    const Tensor w12 = values_in({12, 32}, -1, 1, dt, 36), b12 = values_in({12}, -1, 1, dt, 37);
+    KILN_CHECK_CLOSE(host(addmm_activation(gpu(b12), gpu(x), gpu(w12).t(), "gelu_tanh").out),
+                     addmm_activation(b12, x, w12.t(), "gelu_tanh").out, g, g + t * 33);
+    CHECK(cuda::cublaslt_activation_epilogues() == before);
+  }
+}
+
 TEST_CASE("autograd through GPU ops gives the CPU's gradients", "[cuda]") {
   KILN_NEEDS_GPU();
   const Tensor x = values_in({8, 5}, -1, 1, DType::f64), w0 = values_in({5, 3}, -1, 1, DType::f64, 11),

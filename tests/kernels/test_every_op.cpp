@@ -88,6 +88,9 @@ TEST_CASE("the op hook sees every registered op", "[hook][registry]") {
     mm(m, m.t());
     bmm(m.unsqueeze(0), m.t().unsqueeze(0));
     addmm(zeros({3, 3}), m, m.t());
+    // The compiler's activation epilogues (compiler/passes/epilogue.cpp, gemm_activations).
+    const AddmmActivation act = addmm_activation(zeros({3}), m, m.t(), "gelu_tanh");
+    mm_gelu_backward(m, m.t(), act.pre);
     Tensor w = randn({5, 3, 3, 3});
     Tensor c = conv2d(x, w, {}, {.padding = {1, 1}});
     conv2d_backward_input(c, w, x.shape(), {.padding = {1, 1}});
