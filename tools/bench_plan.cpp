@@ -1,5 +1,6 @@
 // kiln-bench plan: the GPU cost model's prediction (compiler/cost.h) for a zoo model's
-// compiled training step, one JSON line per layout, computed on any machine. make
+// compiled training step (a CNN's, one JSON line per layout, or a transformer's), computed
+// on any machine. make
 // gpu-check prints it beside the measured kiln lines.
 #include <iostream>
 #include <optional>
@@ -41,6 +42,12 @@ PlanOptions parse_options(int argc, char** argv) {
     if (option == "--arch") o.step.arch = value;
     else if (option == "--batch") o.step.batch = integer(option, value);
     else if (option == "--image-size") o.step.image_size = integer(option, value);
+    else if (option == "--seq") o.step.seq = integer(option, value);
+    else if (option == "--gemm-activations") {
+      if (value == "always") o.step.gemm_activations = compiler::GemmActivations::always;
+      else if (value == "never") o.step.gemm_activations = compiler::GemmActivations::never;
+      else fail("kiln-bench plan: --gemm-activations {}: expected always or never", value);
+    }
     else if (option == "--classes") o.step.classes = integer(option, value);
     else if (option == "--gpu") o.gpu = value;
     else if (option == "--amp") {
@@ -57,6 +64,8 @@ PlanOptions parse_options(int argc, char** argv) {
   check_range("kiln-bench plan: --batch", o.step.batch, 1, 4096);
   check_range("kiln-bench plan: --image-size", o.step.image_size, 1, train::kMaxImageSize);
   check_range("kiln-bench plan: --classes", o.step.classes, 1, 1 << 20);
+  check_range("kiln-bench plan: --seq", o.step.seq, 1, 1 << 16);
+  if (train::is_text_arch(o.step.arch)) o.layouts = {compiler::LayoutPolicy::keep};  // no convolutions
   compiler::gpu_spec(o.gpu);  // an unknown GPU fails before the trace
   return o;
 }
@@ -71,13 +80,16 @@ int bench_plan(int argc, char** argv) {
     step.layout = layout;
     const train::StepGraph s = train::trace_step_graph(step);
     const compiler::CostReport r = compiler::estimate_cost(s.simplified, s.schedule, gpu, {.tf32 = o.tf32});
+    const bool text = train::is_text_arch(step.arch);
+    // A transformer's batch is sequences: its rate is tokens, a CNN's images.
     std::cout << fmt::format(
-                     R"({{"bench":"plan","arch":"{}","batch":{},"image_size":{},"precision":"{}","layout":"{}",{},)"
-                     R"("predicted_img_per_s":{:.0f}}})",
-                     step.arch, step.batch, step.image_size,
+                     R"({{"bench":"plan","arch":"{}","batch":{},"{}":{},"precision":"{}","layout":"{}",)"
+                     R"("gemm_activations":"{}",{},"predicted_{}_per_s":{:.0f}}})",
+                     step.arch, step.batch, text ? "seq" : "image_size", text ? step.seq : step.image_size,
                      step.amp ? fmt::format("{}", *step.amp) : o.tf32 ? "tf32" : "f32",
-                     compiler::layout_policy_name(layout), compiler::cost_json_fields(r),
-                     static_cast<double>(step.batch) / (r.seconds + r.launch_s))
+                     compiler::layout_policy_name(layout), compiler::gemm_activations_name(step.gemm_activations),
+                     compiler::cost_json_fields(r), text ? "tokens" : "img",
+                     static_cast<double>(step.batch * (text ? step.seq : 1)) / (r.seconds + r.launch_s))
               << std::endl;
   }
   return 0;

@@ -346,12 +346,28 @@ fi
 # and channels-last in TF32 at batch 128, bf16 channels-last at 256, for the GPU found here.
 # docs/cuda.md, "The cost model", compares them with the measured steps. Last, since it
 # measures nothing on the GPU; GPU_CHECK_SKIP_PLAN=1 leaves it out.
+case "$(timeout 30 nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)" in
+  *H100*) PLAN_GPU=h100 ;;
+  *A100*) PLAN_GPU=a100 ;;
+  *) PLAN_GPU=h200 ;;
+esac
+if [ "${GPU_CHECK_SKIP_PLAN:-0}" != 1 ] && [ "${GPU_CHECK_SKIP_BERT:-0}" != 1 ] && [ -x "$BUILD/bin/kiln-bench" ]; then
+  # The BERT line's step (its --arch, --batch and --seq; plan times nothing), then GPT-2
+  # small's with and without the activation epilogues (compiler/passes/epilogue.cpp).
+  read -r -a BERT_WORDS <<<"$BERT_BENCH_ARGS"
+  PLAN_BERT_ARGS=()
+  for ((i = 0; i + 1 < ${#BERT_WORDS[@]}; i++)); do
+    case "${BERT_WORDS[i]}" in --arch | --batch | --seq) PLAN_BERT_ARGS+=("${BERT_WORDS[i]}" "${BERT_WORDS[i + 1]}") ;; esac
+  done
+  run_step plan-bert 120 - "$BUILD/bin/kiln-bench" plan "${PLAN_BERT_ARGS[@]}" --gpu "$PLAN_GPU"
+  collect_bench kiln
+  for activations in always never; do
+    run_step "plan-gpt2-$activations" 120 - "$BUILD/bin/kiln-bench" plan --arch gpt2-small --batch 8 --seq 128 \
+      --gpu "$PLAN_GPU" --gemm-activations "$activations"
+    collect_bench kiln
+  done
+fi
 if [ "${GPU_CHECK_SKIP_PLAN:-0}" != 1 ] && [ "${GPU_CHECK_SKIP_RESNET:-0}" != 1 ] && [ -x "$BUILD/bin/kiln-bench" ]; then
-  case "$(timeout 30 nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)" in
-    *H100*) PLAN_GPU=h100 ;;
-    *A100*) PLAN_GPU=a100 ;;
-    *) PLAN_GPU=h200 ;;
-  esac
   run_step plan-tf32 120 - "$BUILD/bin/kiln-bench" plan --arch resnet50 --batch 128 --image-size 224 --gpu "$PLAN_GPU"
   collect_bench kiln
   if [ "${GPU_CHECK_SKIP_AMP:-0}" != 1 ]; then

@@ -27,6 +27,7 @@
 #include "kernels/cuda/nvrtc.h"
 #include "tools/report_errors.h"
 #include "tools/step_graph.h"
+#include "tools/trainer.h"
 
 using namespace kiln;
 
@@ -63,6 +64,7 @@ struct ModelOptions {
   std::string arch;
   bool train = false;
   int64_t batch = 2, image_size = 32, classes = 10, channels = 3;
+  int64_t seq = 128;  // --seq: the transformers' sequence length
   std::string stage = "simplified";
   std::string dot_file;
   std::string diff_a, diff_b;
@@ -132,6 +134,7 @@ Stages build_stages(const ModelOptions& o) {
                                                    .image_size = o.image_size,
                                                    .classes = o.classes,
                                                    .channels = o.channels,
+                                                   .seq = o.seq,
                                                    .amp = o.amp,
                                                    .layout = layout,
                                                    .batch_norm_split = o.batch_norm_split,
@@ -244,10 +247,11 @@ int model_stages(const ModelOptions& o) {
   if (o.cost) {
     const compiler::GpuSpec& gpu = compiler::gpu_spec(o.gpu);
     const compiler::CostReport r = compiler::estimate_cost(s.simplified, s.groups, gpu, {.tf32 = o.tf32});
-    std::cout << fmt::format("cost model: {} {} step, batch {}, {}x{}, on {} ({}), {}, layout {}, batch norm split {}, "
+    const std::string shape = train::is_text_arch(o.arch) ? fmt::format("{} tokens", o.seq)
+                                                           : fmt::format("{}x{}", o.image_size, o.image_size);
+    std::cout << fmt::format("cost model: {} {} step, batch {}, {}, on {} ({}), {}, layout {}, batch norm split {}, "
                              "gemm activations {}\n",
-                             o.arch,
-                             o.train ? "training" : "inference", o.batch, o.image_size, o.image_size, gpu.name,
+                             o.arch, o.train ? "training" : "inference", o.batch, shape, gpu.name,
                              gpu.description, o.amp ? fmt::format("autocast {}", *o.amp) : o.tf32 ? "tf32" : "f32",
                              compiler::layout_policy_name(o.layout ? *o.layout : compiler::LayoutPolicy::automatic),
                              compiler::batch_norm_split_name(o.batch_norm_split),
@@ -291,6 +295,7 @@ ModelOptions parse_model_options(int argc, char** argv) {
     else if (option == "--image-size") o.image_size = number();
     else if (option == "--classes") o.classes = number();
     else if (option == "--channels") o.channels = number();
+    else if (option == "--seq") o.seq = number();
     else if (option == "--stage") o.stage = value();
     else if (option == "--dot") o.dot_file = value();
     else if (option == "--gpu-arch") o.gpu_arch = value();
@@ -342,13 +347,15 @@ ModelOptions parse_model_options(int argc, char** argv) {
 }
 
 void usage(std::ostream& os) {
-  os << "usage: kiln-ir MODEL [--train] [--batch N] [--image-size N] [--classes N] [--channels N]\n"
+  os << "usage: kiln-ir MODEL [--train] [--batch N] [--image-size N] [--classes N] [--channels N] [--seq N]\n"
         "               [--stage STAGE] [--dot FILE] [--diff STAGE_A STAGE_B] [--gpu-arch sm_XX]\n"
         "               [--amp bf16|fp16] [--layout auto|keep|channels_last]\n"
         "               [--batch-norm-split always|cuda|never] [--gemm-activations always|cuda|never]\n"
         "               [--cost [--gpu h200|h100|a100] [--no-tf32]]\n"
         "       kiln-ir --ops\n"
-        "  MODEL   resnet18|resnet34|resnet50|resnet101|resnet152|mlp|cnn: traces one step\n"
+        "  MODEL   resnet18|resnet34|resnet50|resnet101|resnet152|mlp|cnn, or bert-tiny|bert-mini|\n"
+        "          bert-base|bert-large|gpt2-tiny|gpt2-mini|gpt2-small (--batch sequences of --seq\n"
+        "          random tokens, 128 by default; masked-LM or causal-LM loss): traces one step\n"
         "          (--train: forward, cross entropy and backward; else an inference forward)\n"
         "  STAGE   trace (as recorded) | simplified (after folding, algebra, dead code; with\n"
         "          the pass timing table) | fused (the schedule: kernels and library ops) |\n"

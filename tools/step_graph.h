@@ -3,7 +3,9 @@
 // kiln-ir prints stage by stage and what kiln-bench plan costs on a GPU
 // (compiler/cost.h). The step is traced on the CPU with a random batch: a training step
 // is forward, cross entropy and backward (the forward and loss under autocast with amp),
-// an inference step is a forward without gradients.
+// an inference step is a forward without gradients. The transformers (bert-*, gpt2-*)
+// take a batch of `batch` sequences of `seq` random tokens, with BERT's masked-LM loss over
+// 15% of them (the rest ignore_index) or GPT-2's causal-LM loss, as kiln-train's.
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -20,6 +22,7 @@ struct StepGraphOptions {
   std::string arch;  // a zoo model (make_model's names)
   bool train = false;
   int64_t batch = 2, image_size = 32, classes = 10, channels = 3;
+  int64_t seq = 128;  // the transformers' sequence length (their vocabularies are the models' own)
   std::optional<DType> amp;
   compiler::LayoutPolicy layout = compiler::LayoutPolicy::automatic;
   // The graph is traced on the CPU, but what kiln-ir's stages and the cost model show is the
@@ -29,6 +32,8 @@ struct StepGraphOptions {
   // Likewise a Linear's activation in cuBLASLt's epilogue (gemm_activations): `always` by
   // default, `cuda` for the CPU's schedule (kiln-ir --gemm-activations cuda).
   compiler::GemmActivations gemm_activations = compiler::GemmActivations::always;
+  // (A language model's head and loss stay the chain of ops: linear_cross_entropy, which
+  // kiln::compile makes on the CPU, has no CUDA kernel.)
 };
 
 struct StepGraph {
