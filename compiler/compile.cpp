@@ -251,6 +251,11 @@ std::vector<bool> outputs_to_copy(const Graph& traced, const Graph& optimized) {
 
 // The generated program of a traced graph (null with the interpreter backend), writing the
 // dumps of each stage when `dump_dir` is set; `copy` gets outputs_to_copy.
+// Whether the mode replays CUDA graphs (reduce-overhead and max-autotune).
+bool graphs_mode(const CompileOptions& options) {
+  return options.mode == "reduce-overhead" || options.mode == "max-autotune";
+}
+
 std::shared_ptr<Program> build_program(const Graph& traced, const CompileOptions& options, std::vector<bool>* copy) {
   const bool dump = !options.dump_dir.empty();
   const int64_t number = dump ? dumped_graphs++ : 0;
@@ -278,7 +283,10 @@ std::shared_ptr<Program> build_program(const Graph& traced, const CompileOptions
     activations = v == "always" ? GemmActivations::always : v == "never" ? GemmActivations::never : GemmActivations::cuda;
   }
   Graph optimized = run_pipeline(
-      traced, default_compile_passes(options.layout, split, linear_cross_entropy, activations), &records, false);
+      traced,
+      // On CUDA the head's op reads the target back, which a captured CUDA graph cannot hold.
+      default_compile_passes(options.layout, split, linear_cross_entropy, activations, !graphs_mode(options)),
+      &records, false);
   if (dump) {
     dump_file(options.dump_dir, number, "simplified.ir", print(optimized));
     dump_file(options.dump_dir, number, "passes.txt", timing_table(records));
@@ -293,11 +301,6 @@ std::shared_ptr<Program> build_program(const Graph& traced, const CompileOptions
     dump_file(options.dump_dir, number, "source.cpp", program->sources_text());
   }
   return program;
-}
-
-// Whether the mode replays CUDA graphs (reduce-overhead and max-autotune).
-bool graphs_mode(const CompileOptions& options) {
-  return options.mode == "reduce-overhead" || options.mode == "max-autotune";
 }
 
 // The CUDA graph pool of each GPU, shared by the graphs of one compiled function.

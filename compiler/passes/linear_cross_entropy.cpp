@@ -22,7 +22,9 @@
 // linear_cross_entropy_backward(dl, ..., lse, logits) -> (grad_input, grad_weight,
 // grad_bias), each result viewed back to the shape it replaces. The rewrite happens only
 // when nothing else reads any value of the chain (no other reader of the logits, the
-// log-probabilities or g, none of them a graph output), in f32 or f64 on the CPU.
+// log-probabilities or g, none of them a graph output), in f32 or f64 on the CPU, and on
+// CUDA unless the caller says not (the CUDA op reads the target back: kiln::compile keeps
+// the chain in a step it captures as a CUDA graph).
 //
 // What changes: the logits of rows whose target is ignored are never computed (a masked-LM
 // batch predicts 15% of its tokens), and log_softmax, its backward and the [M, V]
@@ -106,7 +108,8 @@ bool is_last_dim(int64_t dim, const TensorType& type) {
 // Finds the chains of `g` and the node (by its first value's number) each result replaces.
 class Matcher {
  public:
-  explicit Matcher(const Graph& g) : g_(g), readers_(g) {
+  // cuda: chains on CUDA values too (else the CPU's alone).
+  Matcher(const Graph& g, bool cuda) : g_(g), readers_(g), cuda_(cuda) {
     for (size_t n = 0; n < g.nodes().size(); ++n)
       if (g.nodes()[n].kind == NodeKind::op && g.nodes()[n].op == "nll_loss") match(static_cast<int32_t>(n));
   }
@@ -160,7 +163,8 @@ class Matcher {
     if (xt.shape.back() != c.h || c.h == 0) return;
     c.m = numel_of(xt.shape) / c.h;
     const bool floating = xt.dtype == DType::f32 || xt.dtype == DType::f64;
-    if (!floating || wt_type.dtype != xt.dtype || !xt.device.is_cpu() || !wt_type.device.is_cpu()) return;
+    const bool device = xt.device.is_cpu() || (cuda_ && xt.device.is_cuda());
+    if (!floating || wt_type.dtype != xt.dtype || !device || wt_type.device != xt.device) return;
     if (xt.layout != MemoryFormat::contiguous || !dense(g_, x)) return;
     if (b.defined() && !(g_.type(b).shape == Shape{c.v} && g_.type(b).dtype == xt.dtype)) return;
     if (flat_type.shape != Shape({c.m, c.v}) || g_.type(t).shape != Shape{c.m}) return;
@@ -303,6 +307,7 @@ class Matcher {
 
   const Graph& g_;
   Readers readers_;
+  bool cuda_ = false;
 };
 
 // The replacement of the node `cand` of the chain `c`: the forward op's loss or count, or a
@@ -333,8 +338,8 @@ Replacement replace(Rewriter& rw, const Candidate& cand, const Chain& c, Site si
 
 }  // namespace
 
-Graph fuse_linear_cross_entropy(const Graph& graph, RewriteLog* log) {
-  const Matcher matcher(graph);
+Graph fuse_linear_cross_entropy(const Graph& graph, bool cuda, RewriteLog* log) {
+  const Matcher matcher(graph, cuda);
   if (matcher.chains.empty()) return rewrite(graph, {}, log);
   const std::vector<Rule> rules{{"linear_cross_entropy", {}, [&matcher](Rewriter& rw, const Candidate& c) -> Replacement {
                                    const auto it = matcher.sites.find(c.old_number);

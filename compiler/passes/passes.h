@@ -54,9 +54,10 @@ const std::vector<Rule>& decompose_rules();
 // matmul(x, permute(W)) [+ b] -> log_softmax -> nll_loss (no class weights, mean or sum),
 // with their backward ops and the argmax count of correct predictions, becomes
 // linear_cross_entropy and linear_cross_entropy_backward, whose products skip the rows whose
-// target is ignored, where nothing else reads the chain's values (f32/f64 on the CPU).
-// Agrees with the chain to rounding. Logs one line per replaced value.
-Graph fuse_linear_cross_entropy(const Graph& graph, RewriteLog* log = nullptr);
+// target is ignored, where nothing else reads the chain's values (f32/f64 on the CPU, and on
+// CUDA when `cuda`: the CUDA op reads the target back, a sync that a captured CUDA graph
+// cannot hold). Agrees with the chain to rounding. Logs one line per replaced value.
+Graph fuse_linear_cross_entropy(const Graph& graph, bool cuda = true, RewriteLog* log = nullptr);
 
 // Additions a GEMM does itself (compiler/passes/epilogue.cpp): x + mm(a, b) (either side,
 // matmul too, 2-d f32/f64 operands) where x has the sum's own type and nothing else reads
@@ -144,12 +145,14 @@ Graph run_pipeline(const Graph& graph, const std::vector<NamedPass>& passes,
 // {fold_constants, simplify, dead_code}.
 std::vector<NamedPass> default_simplify_passes();
 // What kiln::compile runs before fusion: {fold_constants, simplify,
-// fuse_linear_cross_entropy (unless linear_cross_entropy is false), decompose,
+// fuse_linear_cross_entropy (unless linear_cross_entropy is false; on CUDA values unless
+// linear_cross_entropy_cuda is false), decompose,
 // gemm_epilogues, gemm_activations, layout, split_batch_norm, dead_code}.
 std::vector<NamedPass> default_compile_passes(LayoutPolicy layout = LayoutPolicy::automatic,
                                               BatchNormSplit batch_norm = BatchNormSplit::cuda,
                                               bool linear_cross_entropy = true,
-                                              GemmActivations gemm_activations = GemmActivations::cuda);
+                                              GemmActivations gemm_activations = GemmActivations::cuda,
+                                              bool linear_cross_entropy_cuda = true);
 
 // An aligned table: pass, ms, nodes before -> after, rewrites; then a total line.
 std::string timing_table(const std::vector<PassRecord>& records);

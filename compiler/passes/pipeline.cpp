@@ -38,9 +38,13 @@ std::vector<NamedPass> default_simplify_passes() {
 }
 
 std::vector<NamedPass> default_compile_passes(LayoutPolicy layout, BatchNormSplit batch_norm,
-                                              bool linear_cross_entropy, GemmActivations gemm_activation) {
+                                              bool linear_cross_entropy, GemmActivations gemm_activation,
+                                              bool linear_cross_entropy_cuda) {
   std::vector<NamedPass> passes{{"fold_constants", fold_constants}, {"simplify", simplify}};
-  if (linear_cross_entropy) passes.push_back({"fuse_linear_cross_entropy", fuse_linear_cross_entropy});
+  if (linear_cross_entropy)
+    passes.push_back({"fuse_linear_cross_entropy", [linear_cross_entropy_cuda](const Graph& g, RewriteLog* log) {
+                        return fuse_linear_cross_entropy(g, linear_cross_entropy_cuda, log);
+                      }});
   for (NamedPass& pass : std::vector<NamedPass>{
            {"decompose", decompose},
           {"gemm_epilogues", gemm_epilogues},

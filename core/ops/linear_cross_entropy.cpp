@@ -26,8 +26,7 @@ std::pair<int64_t, int64_t> check_operands(std::span<const TensorMeta> in, const
   KILN_CHECK(!b.defined || b.shape == Shape{v}, "{}: bias must be [{}], got {}", op, v, metas_str(in));
   KILN_CHECK(t.dtype == DType::i64 && t.shape == Shape{m},
              "{}: target must be i64 [{}] class indices, got {}", op, m, metas_str(in));
-  const Device device = common_device(in, op);
-  KILN_CHECK(device.is_cpu(), "{}: runs on the CPU only for now, got {}", op, metas_str(in));
+  common_device(in, op);
   return {m, v};
 }
 

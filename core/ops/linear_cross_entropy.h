@@ -11,8 +11,9 @@
 // (compiler/passes/linear_cross_entropy.cpp); eager code may call it directly.
 //
 // Shapes: input [M, H], weight [V, H] (a Linear's layout), bias [V] or undefined, target i64
-// [M] in [0, V) or ignore_index. f32 and f64; the products run through the CPU GEMM
-// (kernels/cpu/gemm.h), the row sums in f64. A CPU op for now: a CUDA tensor is an error.
+// [M] in [0, V) or ignore_index. f32 and f64; on the CPU the products run through the CPU
+// GEMM (kernels/cpu/gemm.h), the row sums in f64; on CUDA the op is composed of eager ops
+// (kernels/linear_cross_entropy_composed.h), which read the target back to find the rows.
 #include <cstdint>
 #include <string>
 

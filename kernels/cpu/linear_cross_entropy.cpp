@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/registry.h"
+#include "kernels/linear_cross_entropy_composed.h"
 #include "kernels/cpu/exp_f32.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/parallel.h"
@@ -27,22 +28,6 @@ namespace kiln::cpu {
 namespace {
 
 using Span = std::span<const Tensor>;
-
-// The rows whose target counts, in order; a target outside [0, classes) that is not
-// ignore_index is an error (checked here, before any parallel work).
-std::vector<int64_t> counted_rows(const Tensor& target, int64_t classes, int64_t ignore_index, const char* op,
-                                  const Tensor& input) {
-  const int64_t* t = target.data_ptr<int64_t>();
-  std::vector<int64_t> rows;
-  for (int64_t r = 0, m = target.numel(); r < m; ++r) {
-    if (t[r] == ignore_index) continue;
-    KILN_CHECK(t[r] >= 0 && t[r] < classes,
-               "{}: target {} is out of bounds for {} classes (input {}, target {}, ignore_index {})", op, t[r],
-               classes, input.meta_str(), target.meta_str(), ignore_index);
-    rows.push_back(r);
-  }
-  return rows;
-}
 
 // A scratch tensor: from the CPU block cache, so that a step's large temporaries (G is
 // [R, V]) are not fresh pages at every call.

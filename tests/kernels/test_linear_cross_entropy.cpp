@@ -7,6 +7,7 @@
 #include "core/ops/linalg.h"
 #include "core/ops/linear_cross_entropy.h"
 #include "core/ops/loss.h"
+#include "kernels/linear_cross_entropy_composed.h"
 #include "core/ops/reduce.h"
 #include "testing.h"
 
@@ -223,4 +224,69 @@ TEST_CASE("linear_cross_entropy: bad input is a kiln::Error naming the op", "[li
   CHECK_THROWS_WITH(linear_cross_entropy(x, w, {}, zeros({4})), Catch::Contains("target must be i64 [4]"));
   CHECK_THROWS_WITH(linear_cross_entropy(x, w, {}, t, {.reduction = "none"}),
                     Catch::Contains("reduction must be \"mean\" or \"sum\""));
+}
+
+// CUDA's kernels are the op composed of eager ops (kernels/linear_cross_entropy_composed.h);
+// here they run on CPU tensors against the same naive loop. Bounds as the CPU kernels', but
+// the composed log-sum-exp is logsumexp in the input's dtype, whose sum over V terms rounds
+// at up to (V + 4) u rather than in f64.
+TEST_CASE("linear_cross_entropy composed of eager ops (CUDA's kernels) equals a naive f64 loop",
+          "[linear_cross_entropy][loss]") {
+  const DType dtype = GENERATE(DType::f64, DType::f32);
+  const std::string reduction = GENERATE("mean", "sum");
+  const bool with_bias = GENERATE(true, false);
+  const int64_t phase = GENERATE(int64_t{0}, int64_t{-1});  // -1: no target ignored
+  const int64_t m = 37, h = 24, v = 300, ignore = -100;
+  const Tensor x = random({m, h}, dtype, 11), w = random({v, h}, dtype, 12, 0.5);
+  const Tensor b = with_bias ? random({v}, dtype, 13) : Tensor();
+  // phase -1: every third target set to a class instead of ignored.
+  const Tensor t = phase < 0 ? where(eq(targets(m, v, ignore), ignore), full({}, int64_t{5}), targets(m, v, ignore))
+                             : targets(m, v, ignore, phase);
+  const Attrs attrs{{"reduction", reduction}, {"ignore_index", ignore}};
+  INFO(name(dtype) << " " << reduction << (with_bias ? " with bias" : " without bias") << " phase " << phase);
+
+  const std::vector<Tensor> out = {empty({}, {.dtype = dtype}), empty({}, {.dtype = DType::i64}),
+                                   empty({m}, {.dtype = DType::f64}), empty({m, v}, {.dtype = dtype})};
+  linear_cross_entropy_composed(std::vector<Tensor>{x, w, b, t}, out, attrs);
+  const double grad_loss = 0.75;
+  const std::vector<Tensor> grads = {empty({m, h}, {.dtype = dtype}), empty({v, h}, {.dtype = dtype}),
+                                     empty({v}, {.dtype = dtype})};
+  linear_cross_entropy_backward_composed(std::vector<Tensor>{full({}, grad_loss, {.dtype = dtype}), x, w, b, t, out[2], out[3]}, grads,
+                                         attrs);
+  const Reference r = reference(x, w, b, t, ignore, reduction, grad_loss);
+
+  CHECK(out[1].item<int64_t>() == r.correct);
+  const double u = dtype == DType::f64 ? 0x1p-53 : kU32;
+  const double logit_err = (h + 2) * u * r.dot_max;
+  const double lse_err = 2 * logit_err + (v + 8) * u;
+  const double rel = dtype == DType::f64 ? 1e-12 : 2 * lse_err + (v + 8) * u;
+  const double loss_mag = reduction == "mean" ? 1.0 : 1.0 * static_cast<double>(m);
+  CHECK(std::fabs(out[0].item<double>() - r.loss) <= lse_err * loss_mag + 1e-12);
+  CHECK(within(out[2], r.lse, std::vector<double>(r.lse.size(), 1.0), lse_err, 1e-12));
+  CHECK(within(grads[0], r.dx, r.dx_mag, rel, 0));
+  CHECK(within(grads[1], r.dw, r.dw_mag, rel, 0));
+  CHECK(within(grads[2], r.db, r.db_mag, rel, 0));
+}
+
+TEST_CASE("linear_cross_entropy composed: no target counted, and a target out of range",
+          "[linear_cross_entropy][loss]") {
+  const int64_t m = 4, h = 3, v = 5;
+  const Tensor x = random({m, h}, DType::f32, 14), w = random({v, h}, DType::f32, 15);
+  const Tensor none = full({m}, -100, {.dtype = DType::i64});
+  const Attrs mean{{"reduction", std::string("mean")}, {"ignore_index", int64_t{-100}}};
+  const std::vector<Tensor> out = {empty({}), empty({}, {.dtype = DType::i64}), empty({m}, {.dtype = DType::f64}),
+                                   empty({m, v})};
+  linear_cross_entropy_composed(std::vector<Tensor>{x, w, Tensor(), none}, out, mean);
+  CHECK(std::isnan(out[0].item<double>()));
+  CHECK(out[1].item<int64_t>() == 0);
+  KILN_CHECK_EQUAL(out[2], zeros({m}, {.dtype = DType::f64}));
+  const std::vector<Tensor> grads = {full({m, h}, 7.0), full({v, h}, 7.0), full({v}, 7.0)};
+  linear_cross_entropy_backward_composed(std::vector<Tensor>{ones({}), x, w, Tensor(), none, out[2], out[3]}, grads, mean);
+  KILN_CHECK_EQUAL(grads[0], zeros({m, h}));
+  KILN_CHECK_EQUAL(grads[1], zeros({v, h}));
+  KILN_CHECK_EQUAL(grads[2], zeros({v}));
+  CHECK_THROWS_WITH(
+      linear_cross_entropy_composed(std::vector<Tensor>{x, w, Tensor(), from_vector(std::vector<int64_t>{0, 5, 1, 1}, {4})}, out,
+                                    mean),
+      Catch::Contains("linear_cross_entropy: target 5 is out of bounds for 5 classes"));
 }
