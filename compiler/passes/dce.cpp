@@ -20,6 +20,16 @@ std::vector<bool> live_nodes(const Graph& graph) {
   return live;
 }
 
+bool dense(const Graph& g, Value v) {
+  for (int hops = 0; hops < 2; ++hops) {
+    const Node& n = g.node(v);
+    if (n.kind != NodeKind::op || n.def == nullptr || n.def->kind == OpKind::compute) return true;
+    if (n.op != "view") return false;
+    v = n.inputs[0];
+  }
+  return false;
+}
+
 Graph dead_code(const Graph& graph, RewriteLog* log) {
   const std::vector<Node>& nodes = graph.nodes();
   const std::vector<bool> live = live_nodes(graph);

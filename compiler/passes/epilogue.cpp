@@ -164,6 +164,8 @@ std::optional<BiasedProduct> biased_product(const Graph& g, Value pre, SoleReade
   }
   const TensorType &x = g.type(p.x), &w = g.type(p.w), &b = g.type(p.b);
   if (x.shape.size() < 2 || w.shape.size() != 2 || b.shape != Shape{w.shape[1]}) return std::nullopt;
+  // The rows are viewed as [M, K] when x has more dims: x must allow it.
+  if (x.shape.size() > 2 && !dense(g, p.x)) return std::nullopt;
   for (const TensorType* o : {&x, &w, &b})
     if (o->dtype != t.dtype || o->device != t.device) return std::nullopt;
   p.k = w.shape[0], p.n = w.shape[1], p.m = numel_of(x.shape) / std::max<int64_t>(p.k, 1);
@@ -226,7 +228,11 @@ class ActivationSites {
         if (!p.defined() || !is_product(g.node(p))) continue;
         const Node& product = g.node(p);
         const TensorType &a = g.type(product.inputs.at(0)), &w = g.type(product.inputs.at(1));
-        if (a.shape.size() >= 2 && w.shape.size() == 2 && a.dtype == w.dtype) gelu_backward_.insert(g.value_number(self));
+        // g and pre are viewed as [M, K2] and [M, N] when they have more dims.
+        const bool viewable = a.shape.size() == 2 || dense(g, product.inputs.at(0));
+        const bool pre_viewable = g.type(node.inputs[1]).shape.size() == 2 || dense(g, node.inputs[1]);
+        if (a.shape.size() >= 2 && w.shape.size() == 2 && a.dtype == w.dtype && viewable && pre_viewable)
+          gelu_backward_.insert(g.value_number(self));
       }
     }
   }

@@ -88,18 +88,6 @@ bool is_op(const Graph& g, Value v, std::string_view op) {
 bool is_product(const Node& n) { return n.kind == NodeKind::op && (n.op == "matmul" || n.op == "mm"); }
 Value out0(int32_t node) { return Value{node, 0}; }
 
-// Whether a value is laid out row-major as its type says, as far as the graph shows: not a
-// strided view (a permute, slice, expand...) nor a reshaping view of one.
-bool dense(const Graph& g, Value v) {
-  for (int hops = 0; hops < 2; ++hops) {
-    const Node& n = g.node(v);
-    if (n.kind != NodeKind::op || n.def == nullptr || n.def->kind == OpKind::compute) return true;
-    if (n.op != "view") return false;
-    v = n.inputs[0];
-  }
-  return false;
-}
-
 // The last dim of `type` named by `dim` (-1 or rank - 1).
 bool is_last_dim(int64_t dim, const TensorType& type) {
   return dim == -1 || dim == static_cast<int64_t>(type.shape.size()) - 1;

@@ -18,6 +18,11 @@ namespace kiln::compiler {
 // Per node: whether it is a graph input or its values reach an output or a write-back.
 std::vector<bool> live_nodes(const Graph& graph);
 
+// Whether value v is laid out row-major as its type says, as far as the graph shows: not a
+// strided view (a permute, slice, expand...) nor a reshaping view of one, so a rule may view
+// it in another shape.
+bool dense(const Graph& graph, Value v);
+
 // Drops the nodes whose values reach neither an output nor a write-back. Graph inputs always
 // stay: they are the calling convention. Logs one line per node dropped.
 Graph dead_code(const Graph& graph, RewriteLog* log = nullptr);

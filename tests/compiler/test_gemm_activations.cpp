@@ -142,6 +142,18 @@ TEST_CASE("gemm_activations: a Linear's ReLU joins the product when nothing else
     // The GELU's gradient comes from the last Linear's input-gradient product.
     CHECK(count_ops(g, "mm_gelu_backward") == 1);
   }
+  SECTION("rows that are a permuted view are not reshaped: the chain stays") {
+    const Tensor x3 = randn({3, 5, 12}, {}, &gen).to(DType::f64);
+    std::function<Args(nn::Sequential&, const Args&)> step = [](nn::Sequential& m, const Args& a) {
+      auto& first = m[0];
+      const Tensor y = gelu(first.forward(a[0].transpose(0, 1)), "tanh");
+      return Args{sum(mul(y, y))};
+    };
+    CompiledFunction f = check_step_close(make, step, {x3});
+    const Graph g = optimized(f, GemmActivations::always);
+    CHECK(count_ops(g, "addmm_activation") == 0);
+    CHECK(count_ops(g, "gelu") == 1);
+  }
   SECTION("the product before the ReLU is an output: both stay") {
     std::function<Args(nn::Sequential&, const Args&)> step = [](nn::Sequential& m, const Args& a) {
       auto& first = m[0];
