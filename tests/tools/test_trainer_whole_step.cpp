@@ -293,26 +293,32 @@ TEST_CASE("whole step: --compile-whole-step is parsed and needs --compile", "[tr
 
 TEST_CASE("whole step: on a GPU, reduce-overhead replays one captured graph per optimizer step",
           "[trainer][whole_step][cuda]") {
-  // Needs a GPU (none has run it yet). The whole step with SGD's hyperparameters on the
-  // device: captured once (after its warm-up run), replayed for every later step, and the
-  // cosine schedule's lr reaching every replay: the losses follow the eager GPU run's as
-  // the micro-step runs do in test_trainer.cpp (cuDNN's and cuBLAS's orders of sums).
-  train::Config c = small_cnn();
-  c.device = "cuda";
-  if (!cuda::is_available()) {
-    REQUIRE_THROWS_WITH(run(c), Contains("--device cuda: CUDA is not available"));
-    return;
+  // Needs a GPU (none has run it yet). The whole step with the optimizer's hyperparameters
+  // (and AdamW's step counts, capturable) on the device: captured once (after its warm-up
+  // run), replayed for every later step, and the cosine schedule's lr reaching every
+  // replay: the losses follow the eager GPU run's as the micro-step runs do in
+  // test_trainer.cpp (cuDNN's and cuBLAS's orders of sums).
+  for (const char* optimizer : {"sgd", "adamw"}) {
+    INFO(optimizer);
+    train::Config c = small_cnn();
+    c.device = "cuda";
+    c.optimizer = optimizer;
+    if (c.optimizer == "adamw") c.lr = 1e-3;
+    if (!cuda::is_available()) {
+      REQUIRE_THROWS_WITH(run(c), Contains("--device cuda: CUDA is not available"));
+      return;
+    }
+    const train::Result eager = run(c);
+    c.compile = true;
+    c.compile_mode = "reduce-overhead";
+    train::Result graphed;
+    const std::string printed = run_printing(c, graphed);
+    CHECK_THAT(printed, Contains("compiled step: the whole step as one graph"));
+    // 10 steps: the first eager, the second traces and runs the program (warm-up), the third
+    // captures, seven replays.
+    CHECK_THAT(printed, Contains("CUDA graphs: 1 captured, 7 replays"));
+    REQUIRE(graphed.step_losses.size() == eager.step_losses.size());
+    for (size_t i = 0; i < eager.step_losses.size(); ++i)
+      CHECK(graphed.step_losses[i] == Approx(eager.step_losses[i]).epsilon(1e-2));
   }
-  const train::Result eager = run(c);
-  c.compile = true;
-  c.compile_mode = "reduce-overhead";
-  train::Result graphed;
-  const std::string printed = run_printing(c, graphed);
-  CHECK_THAT(printed, Contains("compiled step: the whole step as one graph"));
-  // 10 steps: the first eager, the second traces and runs the program (warm-up), the third
-  // captures, seven replays.
-  CHECK_THAT(printed, Contains("CUDA graphs: 1 captured, 7 replays"));
-  REQUIRE(graphed.step_losses.size() == eager.step_losses.size());
-  for (size_t i = 0; i < eager.step_losses.size(); ++i)
-    CHECK(graphed.step_losses[i] == Approx(eager.step_losses[i]).epsilon(1e-2));
 }
