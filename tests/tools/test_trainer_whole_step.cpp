@@ -118,6 +118,13 @@ void check_same_steps(const Steps& whole, const Steps& eager) {
   CHECK(whole.recompiles == 0);
 }
 
+// Every step's loss of a compiled run within `epsilon` (relative) of the eager run's.
+void check_step_losses(const train::Result& compiled, const train::Result& eager, double epsilon) {
+  REQUIRE(compiled.step_losses.size() == eager.step_losses.size());
+  for (size_t i = 0; i < eager.step_losses.size(); ++i)
+    CHECK(compiled.step_losses[i] == Approx(eager.step_losses[i]).epsilon(epsilon));
+}
+
 std::string run_printing(const train::Config& c, train::Result& result) {
   std::ostringstream out;
   train::Config loud = c;
@@ -226,9 +233,7 @@ TEST_CASE("whole step: kiln-train --compile-whole-step trains like eager", "[tra
     // The first step eager (the optimizer's state), then one graph for the 9 steps of one
     // batch shape: the schedule's lr is no reason to trace again, nothing breaks the graph.
     CHECK_THAT(printed, Contains("compiled: 1 training graphs of the whole step (0 recompiles), "));
-    REQUIRE(whole.step_losses.size() == eager.step_losses.size());
-    for (size_t i = 0; i < eager.step_losses.size(); ++i)
-      CHECK(whole.step_losses[i] == Approx(eager.step_losses[i]).epsilon(kSmallCnnSums));
+    check_step_losses(whole, eager, kSmallCnnSums);
     CHECK(relative_difference(whole.model, eager.model) <= kSmallCnnSums);
     REQUIRE(whole.epochs.size() == eager.epochs.size());
     for (size_t e = 0; e < eager.epochs.size(); ++e) {
@@ -247,9 +252,7 @@ TEST_CASE("whole step: kiln-train --compile-whole-step trains the transformers l
   c.compile_whole_step = true;
   train::Result whole;
   CHECK_THAT(run_printing(c, whole), Contains("compiled: 1 training graphs of the whole step (0 recompiles), "));
-  REQUIRE(whole.step_losses.size() == eager.step_losses.size());
-  for (size_t i = 0; i < eager.step_losses.size(); ++i)
-    CHECK(whole.step_losses[i] == Approx(eager.step_losses[i]).epsilon(summation_bound(512)));
+  check_step_losses(whole, eager, summation_bound(512));
   CHECK(relative_difference(whole.model, eager.model) <= summation_bound(512));
 }
 
@@ -317,8 +320,6 @@ TEST_CASE("whole step: on a GPU, reduce-overhead replays one captured graph per 
     // 10 steps: the first eager, the second traces and runs the program (warm-up), the third
     // captures, seven replays.
     CHECK_THAT(printed, Contains("CUDA graphs: 1 captured, 7 replays"));
-    REQUIRE(graphed.step_losses.size() == eager.step_losses.size());
-    for (size_t i = 0; i < eager.step_losses.size(); ++i)
-      CHECK(graphed.step_losses[i] == Approx(eager.step_losses[i]).epsilon(1e-2));
+    check_step_losses(graphed, eager, 1e-2);
   }
 }
