@@ -202,9 +202,10 @@ template <class T> KILN_HD T where(bool c, T a, T b) { return c ? a : b; }
 // ---- optimizer updates ----
 // One element of an SGD or AdamW step, as torch's single-tensor optimizers compute it: in
 // the parameter's dtype T, with the step's factors rounded to T first. The factors are
-// computed once per step, in f64 (kernels/optim_factors.h on the host; adamw_factors below
-// on the device too), as PyTorch computes them in Python. The CPU kernels and the CUDA kernels of the updates both run these
-// functions, so they agree bit for bit (NVRTC compiles without FMA contraction).
+// computed once per step, in f64 (kernels/optim_factors.h on the host; AdamW's on the
+// device too, through adamw_factors below), as PyTorch computes them in Python. The CPU
+// kernels and the CUDA kernels of the updates both run these functions, so they agree bit
+// for bit (NVRTC compiles without FMA contraction).
 
 // decay: weight_decay is nonzero in f64 (one that rounds to 0 in T still multiplies).
 template <class T> struct SgdFactors {

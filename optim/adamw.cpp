@@ -89,7 +89,7 @@ void AdamW::step_group(const ParamGroup& group, const std::vector<Tensor>& param
     const Tensor& p = params[i];
     ParamState& state = *states[i];
     Tensor& step = state["step"];
-    if (!step.defined()) step = zeros({}, {.dtype = DType::f64, .device = step_device(p)});
+    if (!step.defined()) step = scalar_tensor(0.0, DType::f64, step_device(p));
     if (found_inf.defined()) step.add_(bump_on(step.device()));
     else step.add_(1);
     const AdamWState moments{state_tensor(state, "exp_avg", p), state_tensor(state, "exp_avg_sq", p),

@@ -16,9 +16,10 @@ struct AdamWOptions {
   bool amsgrad = false;
   bool maximize = false;
   // PyTorch's capturable: each parameter's step count ("step" state) is a 0-d f64 tensor on
-  // the parameter's device, not the host, and is bumped there (by 1 - found_inf on a
-  // skipped-step-aware step), so step() reads nothing back to the host and a CUDA graph can
-  // capture it. On CUDA the update kernels then compute the factors on the device (one
+  // the parameter's device, not the host, and is bumped there (step(found_inf) adds
+  // 1 - found_inf), so the update reads nothing back to the host and a CUDA graph can
+  // capture it (a traced step's; eager step() still validates the hyperparameters' values
+  // on the host). On CUDA the update kernels then compute the factors on the device (one
   // small extra launch per kAdamGroup parameters, kernels/cuda/optim.h). For a captured
   // graph, also move the hyperparameters there: move_hyperparameters(
   // AdamW::tensor_hyperparameters(), device); left on the host, they are copied over at each
