@@ -147,12 +147,14 @@ extern "C" __global__ void NAME(const AdamParams group, long long total, const f
 )",
                                  {DType::f32, DType::f64});
 
-// The step counts of one adamw_multi launch's parameters (f64 in device memory) and the
-// hyperparameters (lr, beta1, beta2, eps, weight_decay: f64[5] in device memory).
-struct AdamSteps {
+// Where the numbers of one adamw_multi launch's factors are, each an f64 in device memory:
+// its parameters' step counts and the hyperparameters (lr, beta1, beta2, eps, weight_decay).
+// Pointers to the tensors themselves: no copy gathers them first.
+struct AdamFactorInputs {
   const double* step[kAdamGroup];
+  const double* hyper[5];
 };
-static_assert(sizeof(AdamSteps) + 32 <= 4096 && sizeof(scalar::AdamWFactors<double>) == 64);
+static_assert(sizeof(AdamFactorInputs) + 32 <= 4096 && sizeof(scalar::AdamWFactors<double>) == 64);
 
 // One thread per parameter of the launch: its factors from its step count as the host's
 // adamw_factors computes them (the same function, in f64), for adamw_multi to read. A
@@ -160,15 +162,16 @@ static_assert(sizeof(AdamSteps) + 32 <= 4096 && sizeof(scalar::AdamWFactors<doub
 // otherwise compute every parameter's factors (pow twice each).
 const KernelFamily kAdamFactors("adamw_factors", R"(
 #include "kernels/scalar.h"
-struct AdamSteps {
+struct AdamFactorInputs {
   const double* step[)" + std::to_string(kAdamGroup) + R"(];
+  const double* hyper[5];
 };
-extern "C" __global__ void NAME(const AdamSteps steps, int count, const double* hyper, int maximize,
+extern "C" __global__ void NAME(const AdamFactorInputs in, int count, int maximize,
                                kiln::scalar::AdamWFactors<double>* factors) {
   const int k = blockIdx.x * blockDim.x + threadIdx.x;
   if (k >= count) return;
-  factors[k] = kiln::scalar::adamw_factors(*steps.step[k], hyper[0], hyper[1], hyper[2], hyper[3], hyper[4],
-                                           maximize != 0);
+  factors[k] = kiln::scalar::adamw_factors(*in.step[k], *in.hyper[0], *in.hyper[1], *in.hyper[2], *in.hyper[3],
+                                           *in.hyper[4], maximize != 0);
 }
 )",
                                    {DType::f64});
@@ -228,14 +231,12 @@ const float* found_inf_on_device(std::span<const Tensor> in, size_t at, Tensor& 
   return keep.data_ptr<float>();
 }
 
-// The optimizer's hyperparameters in[at..at+count) (SGD's lr, momentum, dampening,
-// weight_decay; AdamW's lr, beta1, beta2, eps, weight_decay) as f64[count] on `device`,
-// where the kernels read them: one copy from the host when they are host tensors (the
-// eager optimizers keep them there), small copies on the device when they are there already
-// (a whole training step compiled for CUDA graphs puts them there:
-// Optimizer::move_hyperparameters).
-Tensor hyper_on_device(std::span<const Tensor> in, size_t at, size_t count, Device device) {
-  std::vector<Tensor> values(in.begin() + static_cast<std::ptrdiff_t>(at), in.begin() + static_cast<std::ptrdiff_t>(at + count));
+// SGD's lr, momentum, dampening and weight_decay (in[at..at+3]) as f64[4] on `device`, where
+// sgd_multi reads them: one copy from the host when they are host tensors (the eager
+// optimizers keep them there), one small kernel when they are on the device already (a
+// whole training step compiled for CUDA graphs puts them there: Optimizer::move_hyperparameters).
+Tensor sgd_hyper_on_device(std::span<const Tensor> in, size_t at, Device device) {
+  std::vector<Tensor> values(in.begin() + static_cast<std::ptrdiff_t>(at), in.begin() + static_cast<std::ptrdiff_t>(at + 4));
   bool on_host = true;
   for (Tensor& v : values) {
     on_host = on_host && v.device().is_cpu();
@@ -260,7 +261,7 @@ std::vector<int64_t> sgd_update_multi_tensor(std::span<const Tensor> in, std::sp
   });
   // The flags; the numbers are the kernel's to read (sgd_multi).
   const scalar::SgdFactors<double> flags{0, 0, 0, 0, false, attrs.b("nesterov"), attrs.b("maximize"), attrs.b("first")};
-  const Tensor hyper = fast.empty() ? Tensor() : hyper_on_device(in, static_cast<size_t>(3 * n), 4, in[0].device());
+  const Tensor hyper = fast.empty() ? Tensor() : sgd_hyper_on_device(in, static_cast<size_t>(3 * n), in[0].device());
   Tensor keep;
   const float* found_inf = found_inf_on_device(in, static_cast<size_t>(3 * n + 4), keep);
   for_each_group<SgdParams>(
@@ -292,8 +293,7 @@ std::vector<int64_t> adamw_update_multi_tensor(std::span<const Tensor> in, const
     if (amsgrad) t.insert(t.end(), {at(4, k), out[3][s]});
     return t;
   });
-  const auto hyper_at = static_cast<size_t>(6 * n);
-  const std::span<const Tensor> hyper = in.subspan(hyper_at, 5);
+  const std::span<const Tensor> hyper = in.subspan(static_cast<size_t>(6 * n), 5);
   if (where == AdamWFactorsOn::automatic) {
     bool on_host = true;
     for (int64_t k : fast) on_host = on_host && at(5, k).device().is_cpu();
@@ -304,17 +304,22 @@ std::vector<int64_t> adamw_update_multi_tensor(std::span<const Tensor> in, const
   const Device device = in[0].device();
   // Device factors: the hyperparameters and every step count as f64 on the device (no copy
   // when they are there already), and a row of factors per parameter.
-  const Tensor device_hyper = on_device ? hyper_on_device(in, hyper_at, 5, device) : Tensor();
-  std::vector<Tensor> steps;
-  if (on_device)
+  std::vector<Tensor> device_hyper, steps;
+  if (on_device) {
+    for (const Tensor& h : hyper) device_hyper.push_back(h.to(DType::f64).to(device));
     for (int64_t k : fast) steps.push_back(at(5, k).to(DType::f64).to(device));
+  }
   const int64_t launches = (static_cast<int64_t>(fast.size()) + kAdamGroup - 1) / kAdamGroup;
   constexpr int64_t kRow = sizeof(scalar::AdamWFactors<double>) / sizeof(double);
   const Tensor factors =
       on_device ? empty({launches * kAdamGroup * kRow}, {.dtype = DType::f64, .device = device}) : Tensor();
   Tensor keep;
   const float* found_inf = found_inf_on_device(in, static_cast<size_t>(6 * n + 5), keep);
-  int64_t launched = 0;
+  // How many parameters for_each_group has filled in. A launch follows its group's fills,
+  // so its parameters are fast[first, first + count), `first` the start of the last group
+  // filled (counting launches instead would go wrong after a group of empty parameters,
+  // which is not launched).
+  int64_t filled = 0;
   for_each_group<AdamParams>(
       fast,
       [&](AdamParam& q, int64_t k) {
@@ -329,20 +334,20 @@ std::vector<int64_t> adamw_update_multi_tensor(std::span<const Tensor> in, const
         q.v = at(3, k).data_ptr();
         q.vmax = amsgrad ? at(4, k).data_ptr() : nullptr;
         if (!on_device) q.factors = adamw_factors(at(5, k), hyper, attrs);
+        ++filled;
         return at(0, k).numel();
       },
       [&](const AdamParams& group, long long total, long long threads) {
         scalar::AdamWFactors<double>* rows = nullptr;
         if (on_device) {
-          rows = reinterpret_cast<scalar::AdamWFactors<double>*>(factors.data_ptr<double>() + launched * kAdamGroup * kRow);
-          const int64_t first = launched * kAdamGroup;
+          const int64_t first = (filled - 1) / kAdamGroup * kAdamGroup;
+          rows = reinterpret_cast<scalar::AdamWFactors<double>*>(factors.data_ptr<double>() + first * kRow);
           const int count = static_cast<int>(std::min<int64_t>(kAdamGroup, static_cast<int64_t>(fast.size()) - first));
-          AdamSteps group_steps{};
-          for (int e = 0; e < count; ++e) group_steps.step[e] = steps[static_cast<size_t>(first + e)].data_ptr<double>();
-          kAdamFactors.launch(DType::f64, device.index, count, group_steps, count, device_hyper.data_ptr<double>(),
-                              static_cast<int>(attrs.b("maximize")), rows);
+          AdamFactorInputs inputs{};
+          for (int e = 0; e < count; ++e) inputs.step[e] = steps[static_cast<size_t>(first + e)].data_ptr<double>();
+          for (size_t h = 0; h < 5; ++h) inputs.hyper[h] = device_hyper[h].data_ptr<double>();
+          kAdamFactors.launch(DType::f64, device.index, count, inputs, count, static_cast<int>(attrs.b("maximize")), rows);
         }
-        ++launched;
         kAdamMulti.launch(in[0].dtype(), device.index, threads, group, total, found_inf,
                           static_cast<const scalar::AdamWFactors<double>*>(rows));
       });

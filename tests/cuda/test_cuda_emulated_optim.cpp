@@ -237,6 +237,53 @@ TEST_CASE("cuda emulated ops: AdamW with factors computed on the device equals t
   }
 }
 
+// A launch group whose parameters are all empty is not launched (for_each_group): the next
+// group's factors must still come from its own parameters' step counts.
+TEST_CASE("cuda emulated ops: AdamW's device factors after a group of empty parameters", "[cuda_emulated]") {
+  TempCache cache;
+  manual_seed(26);
+  const int64_t n = cuda::kAdamGroup + 2;
+  std::vector<Tensor> params, grads, m, v, steps;
+  for (int64_t k = 0; k < n; ++k) {
+    const Shape shape = {k < cuda::kAdamGroup ? 0 : k};
+    params.push_back(randn(shape));
+    grads.push_back(randn(shape));
+    m.push_back(mul(randn(shape), 0.1));
+    v.push_back(mul(rand_like(zeros(shape)), 0.01));
+    steps.push_back(full({}, static_cast<double>(1 + 5 * k), {.dtype = DType::f64}));
+  }
+  const AdamWHyper hyper{full({}, 1e-3), full({}, 0.9), full({}, 0.999), full({}, 1e-8), full({}, 0.01)};
+  std::vector<AdamWState> states;
+  for (int64_t k = 0; k < n; ++k) {
+    const auto i = static_cast<size_t>(k);
+    states.push_back({m[i], v[i], Tensor(), steps[i]});
+  }
+  const std::vector<AdamWUpdate> expected = adamw_update_multi(params, grads, states, hyper, {});
+  std::vector<Tensor> in;
+  for (const std::vector<Tensor>* role : {&params, &grads, &m, &v})
+    for (const Tensor& t : *role) in.push_back(t.clone());
+  in.insert(in.end(), static_cast<size_t>(n), Tensor());  // no max_exp_avg_sq
+  in.insert(in.end(), steps.begin(), steps.end());
+  in.insert(in.end(), {hyper.lr, hyper.beta1, hyper.beta2, hyper.eps, hyper.weight_decay});
+  const std::span<const Tensor> all(in);
+  const auto role = [&](int64_t r) { return all.subspan(static_cast<size_t>(r * n), static_cast<size_t>(n)); };
+  const int64_t before = EmulatedHandKernels::launches();
+  {
+    EmulatedHandKernels emulated;
+    const Attrs attrs{{"amsgrad", false}, {"maximize", false}, {"count", n}};
+    CHECK(cuda::adamw_update_multi_tensor(in, {role(0), role(2), role(3), {}}, attrs, cuda::AdamWFactorsOn::device)
+              .empty());
+  }
+  CHECK(EmulatedHandKernels::launches() - before == 2);  // the second group's factors and update
+  for (int64_t k = cuda::kAdamGroup; k < n; ++k) {
+    INFO("parameter " << k);
+    const auto i = static_cast<size_t>(k);
+    CHECK_SAME_BITS(role(0)[i], expected[i].param);
+    CHECK_SAME_BITS(role(2)[i], expected[i].exp_avg);
+    CHECK_SAME_BITS(role(3)[i], expected[i].exp_avg_sq);
+  }
+}
+
 // Mixed precision's skipped steps: with found_inf set, the CUDA updates' pure forms return
 // their inputs and the in-place forms write nothing; with found_inf 0 they update as without.
 TEST_CASE("cuda emulated ops: updates with found_inf skip or run as the CPU's", "[cuda_emulated][amp]") {
