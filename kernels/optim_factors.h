@@ -3,7 +3,6 @@
 // kernels: computed from the ops' hyperparameters on the host, in f64 as PyTorch computes
 // them in Python. The element updates that use them, rounded to the parameter's dtype
 // (scalar::in_dtype), are kernels/scalar.h's sgd_update and adamw_update. Host only.
-#include <cmath>
 #include <span>
 
 #include "core/registry.h"
@@ -25,16 +24,9 @@ inline scalar::SgdFactors<double> sgd_factors(std::span<const Tensor> hyper, con
 // beta2, eps and weight_decay (0-d host tensors); attrs: the maximize flag.
 inline scalar::AdamWFactors<double> adamw_factors(const Tensor& step_count, std::span<const Tensor> hyper,
                                                   const Attrs& attrs) {
-  const double step = step_count.item<double>(), lr = hyper[0].item<double>(), beta1 = hyper[1].item<double>(),
-               beta2 = hyper[2].item<double>(), eps = hyper[3].item<double>(), weight_decay = hyper[4].item<double>();
-  return {1.0 - lr * weight_decay,
-          1.0 - beta1,
-          beta2,
-          1.0 - beta2,
-          lr / (1.0 - std::pow(beta1, step)),
-          std::sqrt(1.0 - std::pow(beta2, step)),
-          eps,
-          attrs.b("maximize")};
+  return scalar::adamw_factors(step_count.item<double>(), hyper[0].item<double>(), hyper[1].item<double>(),
+                               hyper[2].item<double>(), hyper[3].item<double>(), hyper[4].item<double>(),
+                               attrs.b("maximize"));
 }
 
 }  // namespace kiln

@@ -202,9 +202,10 @@ template <class T> KILN_HD T where(bool c, T a, T b) { return c ? a : b; }
 // ---- optimizer updates ----
 // One element of an SGD or AdamW step, as torch's single-tensor optimizers compute it: in
 // the parameter's dtype T, with the step's factors rounded to T first. The factors are
-// computed once per step, in f64 on the host (kernels/optim_factors.h), as PyTorch computes
-// them in Python. The CPU kernels and the CUDA kernels of the updates both run these
-// functions, so they agree bit for bit (NVRTC compiles without FMA contraction).
+// computed once per step, in f64 (kernels/optim_factors.h on the host; AdamW's on the
+// device too, through adamw_factors below), as PyTorch computes them in Python. The CPU
+// kernels and the CUDA kernels of the updates both run these functions, so they agree bit
+// for bit (NVRTC compiles without FMA contraction).
 
 // decay: weight_decay is nonzero in f64 (one that rounds to 0 in T still multiplies).
 template <class T> struct SgdFactors {
@@ -240,6 +241,21 @@ template <class T, class F> KILN_HD AdamWFactors<T> in_dtype(const AdamWFactors<
           static_cast<T>(f.b2),        static_cast<T>(f.one_minus_b2),
           static_cast<T>(f.step_size), static_cast<T>(f.correction2_sqrt),
           static_cast<T>(f.eps),       f.maximize};
+}
+// The factors of one parameter's AdamW step from its step count (this step included) and
+// the f64 hyperparameters, as PyTorch computes them in Python: the host's adamw_factors
+// (kernels/optim_factors.h) and the CUDA kernel that computes them on the device when the
+// step counts live there (capturable AdamW, kernels/cuda/optim.cpp) both call this.
+KILN_HD AdamWFactors<double> adamw_factors(double step, double lr, double beta1, double beta2, double eps,
+                                           double weight_decay, bool maximize) {
+  return {1.0 - lr * weight_decay,
+          1.0 - beta1,
+          beta2,
+          1.0 - beta2,
+          lr / (1.0 - pow(beta1, step)),
+          sqrt(1.0 - pow(beta2, step)),
+          eps,
+          maximize};
 }
 // Returns the new parameter and updates exp_avg, exp_avg_sq and, with amsgrad (else null),
 // max_exp_avg_sq in place. The maximum is std::max's: where exp_avg_sq is NaN, the old

@@ -203,7 +203,7 @@ void Optimizer::load_state_dict(const std::map<std::string, Tensor>& dict) {
     } else if (split_indexed_key(key, "state.", index, rest)) {
       const Tensor& p = all_params[index];
       const DType dtype = rest == "step" ? DType::f64 : p.dtype();
-      state_[p.impl()][rest] = value.to(dtype).clone();
+      state_[p.impl()][rest] = value.to(dtype).to(state_device(p, rest, value.device())).clone();
     }
   }
 }

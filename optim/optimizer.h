@@ -69,8 +69,9 @@ class Optimizer {
   // The same, skipped when found_inf (a 0-d f32 tensor, on the CPU or the parameters'
   // device) is nonzero: parameters, state and step counts are left as they were. The update
   // kernels read found_inf when they run, so nothing here waits for it on the host (a
-  // traced step holds for either value), except AdamW's step counts of CUDA parameters,
-  // which live on the host and are bumped by 1 - found_inf read back once per step.
+  // traced step holds for either value), except a default AdamW's step counts of CUDA
+  // parameters, which live on the host and are bumped by 1 - found_inf read back once per
+  // step (a capturable AdamW's live on the device).
   // optim::GradScaler calls this; found_inf undefined is step().
   void step(const Tensor& found_inf);
 
@@ -98,6 +99,9 @@ class Optimizer {
                           const Tensor& found_inf) = 0;
   // Checks the values of a group's hyperparameters (errors name the optimizer).
   virtual void check_group(const ParamGroup&) const {}
+  // Where load_state_dict puts `param`'s state tensor `name`, saved on `saved`: there, by
+  // default (AdamW moves its step counts to where it keeps them).
+  virtual Device state_device(const Tensor& /*param*/, const std::string& /*name*/, Device saved) const { return saved; }
 
   std::string name_;
 

@@ -62,7 +62,9 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-std::unique_ptr<optim::Optimizer> make_optimizer(const Config& c, const nn::Module& model) {
+// capturable: AdamW keeps its step counts on the parameters' device (a CUDA graph of the
+// whole step can hold its update).
+std::unique_ptr<optim::Optimizer> make_optimizer(const Config& c, const nn::Module& model, bool capturable) {
   // PyTorch's optimizers decay every parameter they are given; no-norm-bias is the common
   // recipe that exempts biases and norm weights.
   const std::vector<optim::ParamGroupSpec> groups =
@@ -73,7 +75,8 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const Config& c, const nn::Modu
                                                                    .weight_decay = c.weight_decay,
                                                                    .nesterov = c.nesterov});
   if (c.optimizer == "adamw")
-    return std::make_unique<optim::AdamW>(groups, optim::AdamWOptions{.lr = c.lr, .weight_decay = c.weight_decay});
+    return std::make_unique<optim::AdamW>(
+        groups, optim::AdamWOptions{.lr = c.lr, .weight_decay = c.weight_decay, .capturable = capturable});
   fail("kiln-train: --optimizer {}: expected sgd or adamw", c.optimizer);
 }
 
@@ -360,7 +363,9 @@ Result run(const Config& given, std::ostream& given_out) {
                                    .skip_bad_samples = c.skip_bad_images, .pin_memory = pin,
                                    .pad_multiple = pad_multiple});
 
-  std::unique_ptr<optim::Optimizer> optimizer = make_optimizer(c, *model);
+  const StepGraphChoice step_graph = choose_step_graph(c, world);
+  // On a GPU the whole step's update reads everything it needs from the device (below).
+  std::unique_ptr<optim::Optimizer> optimizer = make_optimizer(c, *model, step_graph.whole && device.is_cuda());
   const int64_t per_epoch = train_loader.batches_per_epoch();
   const int64_t samples = d.train->size();
   KILN_CHECK(per_epoch > 0, "kiln-train: {} training sample{} give{} no full batch of {}{}", samples,
@@ -407,7 +412,6 @@ Result run(const Config& given, std::ostream& given_out) {
     ddp->attach(accumulation);
   }
   std::optional<compiler::CompiledFunction> compiled, compiled_whole, compiled_eval;
-  const StepGraphChoice step_graph = choose_step_graph(c, world);
   compiler::TracedFunction eager_whole;  // the whole step's first run: the optimizer's state
   if (c.compile) {
     // --channels-last runs the whole step NHWC; otherwise the layout pass chooses (NHWC
@@ -422,11 +426,14 @@ Result run(const Config& given, std::ostream& given_out) {
     // the micro-steps) and holds the gradients through the step (1.07x eager's peak). With
     // CUDA graphs the whole step is one replay (choose_step_graph).
     if (step_graph.whole) {
-      // On a GPU the update kernels read lr, momentum, dampening and weight decay from the
-      // device, so that the step's CUDA graph replays each step's values (choose_step_graph
-      // picks the whole step there for SGD only).
-      if (device.is_cuda() && c.optimizer == "sgd")
-        optimizer->move_hyperparameters(optim::SGD::tensor_hyperparameters(), device);
+      // On a GPU the update kernels read the hyperparameters (SGD's lr, momentum, dampening
+      // and weight decay; AdamW's lr, betas, eps and weight decay) and AdamW's step counts
+      // (capturable, from make_optimizer) from the device, so that the step's CUDA graph
+      // holds no host tensor and replays each step's values.
+      if (device.is_cuda())
+        optimizer->move_hyperparameters(c.optimizer == "sgd" ? optim::SGD::tensor_hyperparameters()
+                                                             : optim::AdamW::tensor_hyperparameters(),
+                                        device);
       eager_whole = whole_step_function(*model, *optimizer, accumulation, c.label_smoothing, precision);
       compiled_whole = compiler::compile(eager_whole, options);
     } else {

@@ -77,11 +77,6 @@ StepGraphChoice choose_step_graph(const Config& c, int world_size) {
                                "in eager hooks before the update){}",
                                c.compile_whole_step ? "; --compile-whole-step does not apply" : "")};
   if (c.compile_whole_step) return {true, "the whole step as one graph (--compile-whole-step)"};
-  if (graphs && c.optimizer != "sgd")
-    return {false, fmt::format("micro-steps compiled, update eager ({}'s CUDA kernel reads its hyperparameters and "
-                               "step counts on the host, so a graph holding its update could not be captured; "
-                               "--compile-whole-step asks for it uncaptured)",
-                               c.optimizer)};
   if (graphs)
     return {true, fmt::format("the whole step as one graph (micro-steps and the {} update): one CUDA graph replay "
                               "per optimizer step",

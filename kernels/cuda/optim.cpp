@@ -88,14 +88,18 @@ extern "C" __global__ void NAME(const SgdParams group, const kiln::scalar::SgdFa
 )",
                                 {DType::f32, DType::f64});
 
-// AdamW: parameter k's factors come from its own step count, in f64 on the host, and are
-// rounded to T in the kernel as the CPU kernel rounds them; the element update is
-// kernels/scalar.h's.
+// AdamW: parameter k's factors come from its own step count, in f64, and are rounded to T
+// in the kernel as the CPU kernel rounds them; the element update is kernels/scalar.h's.
+// Where the step counts and hyperparameters are host tensors (the eager default) the host
+// computes the factors into each AdamParam; where they live on the device (capturable
+// AdamW), adamw_factors below computes them there into `factors`, one row per parameter of
+// the launch, so that nothing is read back to the host and a captured CUDA graph replays
+// each step's counts and lr.
 struct AdamParam {
   void *p_out, *m_out, *v_out, *vmax_out;  // vmax_out null without amsgrad
   const void *p, *g, *m, *v, *vmax;
   long long n, start;
-  scalar::AdamWFactors<double> factors;
+  scalar::AdamWFactors<double> factors;  // unused when the kernel is given device factors
 };
 struct AdamParams {
   AdamParam param[kAdamGroup];
@@ -114,7 +118,10 @@ struct AdamParam {
 struct AdamParams {
   AdamParam param[)" + std::to_string(kAdamGroup) + R"(];
 };
-extern "C" __global__ void NAME(const AdamParams group, long long total, const float* found_inf) {
+// factors: parameter k's in factors[k] (computed on the device by adamw_factors), or null:
+// each AdamParam's own.
+extern "C" __global__ void NAME(const AdamParams group, long long total, const float* found_inf,
+                               const kiln::scalar::AdamWFactors<double>* factors) {
   const bool skip = found_inf && *found_inf != 0.0f;  // as in sgd_multi
   const long long stride = (long long)gridDim.x * blockDim.x;
   int k = 0;
@@ -131,7 +138,7 @@ extern "C" __global__ void NAME(const AdamParams group, long long total, const f
     }
     T m = q.m[j], v = q.v[j], vmax = q.vmax_out ? q.vmax[j] : T(0);
     q.p_out[j] = kiln::scalar::adamw_update(q.p[j], q.g[j], m, v, q.vmax_out ? &vmax : nullptr,
-                                            kiln::scalar::in_dtype<T>(q.factors));
+                                            kiln::scalar::in_dtype<T>(factors ? factors[k] : q.factors));
     q.m_out[j] = m;
     q.v_out[j] = v;
     if (q.vmax_out) q.vmax_out[j] = vmax;
@@ -139,6 +146,35 @@ extern "C" __global__ void NAME(const AdamParams group, long long total, const f
 }
 )",
                                  {DType::f32, DType::f64});
+
+// Where the numbers of one adamw_multi launch's factors are, each an f64 in device memory:
+// its parameters' step counts and the hyperparameters (lr, beta1, beta2, eps, weight_decay).
+// Pointers to the tensors themselves: no copy gathers them first.
+struct AdamFactorInputs {
+  const double* step[kAdamGroup];
+  const double* hyper[5];
+};
+static_assert(sizeof(AdamFactorInputs) + 32 <= 4096 && sizeof(scalar::AdamWFactors<double>) == 64);
+
+// One thread per parameter of the launch: its factors from its step count as the host's
+// adamw_factors computes them (the same function, in f64), for adamw_multi to read. A
+// launch of its own rather than a prologue in adamw_multi: every block of that kernel would
+// otherwise compute every parameter's factors (pow twice each).
+const KernelFamily kAdamFactors("adamw_factors", R"(
+#include "kernels/scalar.h"
+struct AdamFactorInputs {
+  const double* step[)" + std::to_string(kAdamGroup) + R"(];
+  const double* hyper[5];
+};
+extern "C" __global__ void NAME(const AdamFactorInputs in, int count, int maximize,
+                               kiln::scalar::AdamWFactors<double>* factors) {
+  const int k = blockIdx.x * blockDim.x + threadIdx.x;
+  if (k >= count) return;
+  factors[k] = kiln::scalar::adamw_factors(*in.step[k], *in.hyper[0], *in.hyper[1], *in.hyper[2], *in.hyper[3],
+                                           *in.hyper[4], maximize != 0);
+}
+)",
+                                   {DType::f64});
 
 // Whether t's elements lie in `like`'s memory order: the same dtype, device and shape, the
 // same strides on every dim of size above 1, and `like` dense (contiguous or
@@ -247,7 +283,7 @@ std::vector<int64_t> sgd_update_multi_tensor(std::span<const Tensor> in, std::sp
 }
 
 std::vector<int64_t> adamw_update_multi_tensor(std::span<const Tensor> in, const std::array<std::span<const Tensor>, 4>& out,
-                                               const Attrs& attrs) {
+                                               const Attrs& attrs, AdamWFactorsOn where) {
   const auto n = static_cast<int64_t>(out[0].size());
   const auto at = [&](int64_t role, int64_t k) -> const Tensor& { return in[static_cast<size_t>(role * n + k)]; };
   const bool amsgrad = at(4, 0).defined();
@@ -258,8 +294,32 @@ std::vector<int64_t> adamw_update_multi_tensor(std::span<const Tensor> in, const
     return t;
   });
   const std::span<const Tensor> hyper = in.subspan(static_cast<size_t>(6 * n), 5);
+  if (where == AdamWFactorsOn::automatic) {
+    bool on_host = true;
+    for (int64_t k : fast) on_host = on_host && at(5, k).device().is_cpu();
+    for (const Tensor& h : hyper) on_host = on_host && h.device().is_cpu();
+    where = on_host ? AdamWFactorsOn::host : AdamWFactorsOn::device;
+  }
+  const bool on_device = where == AdamWFactorsOn::device && !fast.empty();
+  const Device device = in[0].device();
+  // Device factors: the hyperparameters and every step count as f64 on the device (no copy
+  // when they are there already), and a row of factors per parameter.
+  std::vector<Tensor> device_hyper, steps;
+  if (on_device) {
+    for (const Tensor& h : hyper) device_hyper.push_back(h.to(DType::f64).to(device));
+    for (int64_t k : fast) steps.push_back(at(5, k).to(DType::f64).to(device));
+  }
+  const int64_t launches = (static_cast<int64_t>(fast.size()) + kAdamGroup - 1) / kAdamGroup;
+  constexpr int64_t kRow = sizeof(scalar::AdamWFactors<double>) / sizeof(double);
+  const Tensor factors =
+      on_device ? empty({launches * kAdamGroup * kRow}, {.dtype = DType::f64, .device = device}) : Tensor();
   Tensor keep;
   const float* found_inf = found_inf_on_device(in, static_cast<size_t>(6 * n + 5), keep);
+  // How many parameters for_each_group has filled in. A launch follows its group's fills,
+  // so its parameters are fast[first, first + count), `first` the start of the last group
+  // filled (counting launches instead would go wrong after a group of empty parameters,
+  // which is not launched).
+  int64_t filled = 0;
   for_each_group<AdamParams>(
       fast,
       [&](AdamParam& q, int64_t k) {
@@ -273,11 +333,23 @@ std::vector<int64_t> adamw_update_multi_tensor(std::span<const Tensor> in, const
         q.m = at(2, k).data_ptr();
         q.v = at(3, k).data_ptr();
         q.vmax = amsgrad ? at(4, k).data_ptr() : nullptr;
-        q.factors = adamw_factors(at(5, k), hyper, attrs);
+        if (!on_device) q.factors = adamw_factors(at(5, k), hyper, attrs);
+        ++filled;
         return at(0, k).numel();
       },
       [&](const AdamParams& group, long long total, long long threads) {
-        kAdamMulti.launch(in[0].dtype(), in[0].device().index, threads, group, total, found_inf);
+        scalar::AdamWFactors<double>* rows = nullptr;
+        if (on_device) {
+          const int64_t first = (filled - 1) / kAdamGroup * kAdamGroup;
+          rows = reinterpret_cast<scalar::AdamWFactors<double>*>(factors.data_ptr<double>() + first * kRow);
+          const int count = static_cast<int>(std::min<int64_t>(kAdamGroup, static_cast<int64_t>(fast.size()) - first));
+          AdamFactorInputs inputs{};
+          for (int e = 0; e < count; ++e) inputs.step[e] = steps[static_cast<size_t>(first + e)].data_ptr<double>();
+          for (size_t h = 0; h < 5; ++h) inputs.hyper[h] = device_hyper[h].data_ptr<double>();
+          kAdamFactors.launch(DType::f64, device.index, count, inputs, count, static_cast<int>(attrs.b("maximize")), rows);
+        }
+        kAdamMulti.launch(in[0].dtype(), device.index, threads, group, total, found_inf,
+                          static_cast<const scalar::AdamWFactors<double>*>(rows));
       });
   return rest;
 }

@@ -310,6 +310,10 @@ std::unique_ptr<optim::Optimizer> make_adamw(const std::vector<Tensor>& params) 
 std::unique_ptr<optim::Optimizer> make_amsgrad(const std::vector<Tensor>& params) {
   return std::make_unique<optim::AdamW>(params, optim::AdamWOptions{.lr = 0.02, .amsgrad = true});
 }
+// Step counts on the parameters' device (the CPU here) and bumped there: the same graph.
+std::unique_ptr<optim::Optimizer> make_capturable(const std::vector<Tensor>& params) {
+  return std::make_unique<optim::AdamW>(params, optim::AdamWOptions{.lr = 0.02, .weight_decay = 0.1, .capturable = true});
+}
 
 }  // namespace
 
@@ -322,11 +326,13 @@ TEST_CASE("a whole SGD training step compiles to one graph equal to eager", "[op
 TEST_CASE("a whole AdamW training step compiles to one graph equal to eager", "[optgraph]") {
   check_compiled_steps(make_adamw, "adamw_update", DType::f64, false, 1e-12);
   check_compiled_steps(make_amsgrad, "adamw_update", DType::f64, false, 1e-12);
+  check_compiled_steps(make_capturable, "adamw_update", DType::f64, false, 1e-12);
 }
 
 TEST_CASE("an lr schedule between compiled steps recompiles nothing", "[optgraph]") {
   check_compiled_steps(make_sgd, "sgd_update", DType::f64, true, 1e-12);
   check_compiled_steps(make_adamw, "adamw_update", DType::f64, true, 1e-12);
+  check_compiled_steps(make_capturable, "adamw_update", DType::f64, true, 1e-12);
 }
 
 TEST_CASE("the traced AdamW step counts steps in the graph", "[optgraph]") {

@@ -5,12 +5,14 @@
 // kernels/optim_factors.h's f64 factors. Dense tensors take the kernels directly; tensors
 // in no dense memory order are updated through contiguous copies.
 #include <cmath>
+#include <array>
 #include <cstring>
 #include <limits>
 
 #include "compiler/compiler_testing.h"
 #include "core/ops/amp_ops.h"
 #include "cuda/cuda_emulator.h"
+#include "kernels/cuda/optim.h"
 #include "testing.h"
 
 using namespace kiln;
@@ -152,6 +154,133 @@ TEST_CASE("cuda emulated ops: the single AdamW update equals the CPU's bit for b
         }
       }
     }
+  }
+}
+
+// Capturable AdamW on a GPU: the step counts and hyperparameters are device tensors, so
+// kernels/cuda/optim.cpp computes each parameter's factors on the device (the adamw_factors
+// kernel, one launch per kAdamGroup parameters) for adamw_multi to read. Here the emulator
+// runs both kernels, asked for the device path with CPU tensors; its pow is the host's, so
+// the factors, and every element, must be the CPU kernel's bit for bit. 18 parameters of
+// different sizes and step counts: two launch groups (16 + 2), each with its own factors'
+// launch, so a row read from the wrong group or parameter shows.
+TEST_CASE("cuda emulated ops: AdamW with factors computed on the device equals the CPU's bit for bit",
+          "[cuda_emulated][amp]") {
+  TempCache cache;
+  manual_seed(25);
+  const int64_t n = cuda::kAdamGroup + 2;
+  for (DType dt : {DType::f32, DType::f64}) {
+    std::vector<Tensor> params, grads, m, v, vmax, steps;
+    for (int64_t k = 0; k < n; ++k) {
+      const Shape shape = {k % 4 + 2, 2 * k + 3};
+      params.push_back(randn(shape).to(dt));
+      grads.push_back(randn(shape).to(dt));
+      m.push_back(mul(randn(shape), 0.1).to(dt));
+      v.push_back(mul(rand_like(zeros(shape)), 0.01).to(dt));
+      vmax.push_back(mul(rand_like(zeros(shape)), 0.02).to(dt));
+      steps.push_back(full({}, static_cast<double>(1 + 3 * k), {.dtype = DType::f64}));
+    }
+    poison(params[0], grads[0]);
+    for (const AdamWFlags flags : {AdamWFlags{}, AdamWFlags{.amsgrad = true}, AdamWFlags{.maximize = true},
+                                   AdamWFlags{.amsgrad = true, .maximize = true}}) {
+      for (float flag : {0.0f, 1.0f}) {
+        INFO(name(dt) << " amsgrad " << flags.amsgrad << " maximize " << flags.maximize << " found_inf " << flag);
+        const AdamWHyper hyper{full({}, 1e-3), full({}, 0.9),  full({}, 0.999),
+                               full({}, 1e-8), full({}, 0.01), full({}, flag, {.dtype = DType::f32})};
+        std::vector<AdamWState> states;
+        for (int64_t k = 0; k < n; ++k) {
+          const auto i = static_cast<size_t>(k);
+          states.push_back({m[i], v[i], flags.amsgrad ? vmax[i] : Tensor(), steps[i]});
+        }
+        const std::vector<AdamWUpdate> expected = adamw_update_multi(params, grads, states, hyper, flags);
+        const Attrs attrs{{"amsgrad", flags.amsgrad}, {"maximize", flags.maximize}, {"count", n}};
+        for (const auto where : {cuda::AdamWFactorsOn::device, cuda::AdamWFactorsOn::host,
+                                 cuda::AdamWFactorsOn::automatic}) {
+          for (bool in_place : {false, true}) {
+            const bool on_device = where == cuda::AdamWFactorsOn::device;
+            INFO((on_device ? "device" : "host") << " factors, in place " << in_place);
+            std::vector<Tensor> in;
+            for (const std::vector<Tensor>* role : {&params, &grads, &m, &v, &vmax})
+              for (const Tensor& t : *role) in.push_back(role == &vmax && !flags.amsgrad ? Tensor() : t.clone());
+            in.insert(in.end(), steps.begin(), steps.end());
+            in.insert(in.end(), {hyper.lr, hyper.beta1, hyper.beta2, hyper.eps, hyper.weight_decay, hyper.found_inf});
+            std::vector<Tensor> fresh;
+            for (int64_t r = 0; r < (flags.amsgrad ? 4 : 3); ++r)
+              for (int64_t k = 0; k < n; ++k) fresh.push_back(full(params[static_cast<size_t>(k)].shape(), 7.0, {.dtype = dt}));
+            // The outputs: the inputs' param, exp_avg, exp_avg_sq and max_exp_avg_sq, or fresh tensors.
+            const std::span<const Tensor> all = in_place ? std::span<const Tensor>(in) : std::span<const Tensor>(fresh);
+            const auto role = [&](int64_t r) -> std::span<const Tensor> {
+              if (r == 3 && !flags.amsgrad) return {};
+              const int64_t at = in_place ? std::array<int64_t, 4>{0, 2, 3, 4}[static_cast<size_t>(r)] : r;
+              return all.subspan(static_cast<size_t>(at * n), static_cast<size_t>(n));
+            };
+            const int64_t before = EmulatedHandKernels::launches();
+            {
+              EmulatedHandKernels emulated;
+              CHECK(cuda::adamw_update_multi_tensor(in, {role(0), role(1), role(2), role(3)}, attrs, where).empty());
+            }
+            // Two launches of adamw_multi, each after one of adamw_factors on the device path;
+            // host tensors take the host path when the choice is automatic.
+            CHECK(EmulatedHandKernels::launches() - before == (on_device ? 4 : 2));
+            for (int64_t k = 0; k < n; ++k) {
+              const auto i = static_cast<size_t>(k);
+              INFO("parameter " << k);
+              CHECK_SAME_BITS(role(0)[i], expected[i].param);
+              CHECK_SAME_BITS(role(1)[i], expected[i].exp_avg);
+              CHECK_SAME_BITS(role(2)[i], expected[i].exp_avg_sq);
+              if (flags.amsgrad) CHECK_SAME_BITS(role(3)[i], expected[i].max_exp_avg_sq);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// A launch group whose parameters are all empty is not launched (for_each_group): the next
+// group's factors must still come from its own parameters' step counts.
+TEST_CASE("cuda emulated ops: AdamW's device factors after a group of empty parameters", "[cuda_emulated]") {
+  TempCache cache;
+  manual_seed(26);
+  const int64_t n = cuda::kAdamGroup + 2;
+  std::vector<Tensor> params, grads, m, v, steps;
+  for (int64_t k = 0; k < n; ++k) {
+    const Shape shape = {k < cuda::kAdamGroup ? 0 : k};
+    params.push_back(randn(shape));
+    grads.push_back(randn(shape));
+    m.push_back(mul(randn(shape), 0.1));
+    v.push_back(mul(rand_like(zeros(shape)), 0.01));
+    steps.push_back(full({}, static_cast<double>(1 + 5 * k), {.dtype = DType::f64}));
+  }
+  const AdamWHyper hyper{full({}, 1e-3), full({}, 0.9), full({}, 0.999), full({}, 1e-8), full({}, 0.01)};
+  std::vector<AdamWState> states;
+  for (int64_t k = 0; k < n; ++k) {
+    const auto i = static_cast<size_t>(k);
+    states.push_back({m[i], v[i], Tensor(), steps[i]});
+  }
+  const std::vector<AdamWUpdate> expected = adamw_update_multi(params, grads, states, hyper, {});
+  std::vector<Tensor> in;
+  for (const std::vector<Tensor>* role : {&params, &grads, &m, &v})
+    for (const Tensor& t : *role) in.push_back(t.clone());
+  in.insert(in.end(), static_cast<size_t>(n), Tensor());  // no max_exp_avg_sq
+  in.insert(in.end(), steps.begin(), steps.end());
+  in.insert(in.end(), {hyper.lr, hyper.beta1, hyper.beta2, hyper.eps, hyper.weight_decay});
+  const std::span<const Tensor> all(in);
+  const auto role = [&](int64_t r) { return all.subspan(static_cast<size_t>(r * n), static_cast<size_t>(n)); };
+  const int64_t before = EmulatedHandKernels::launches();
+  {
+    EmulatedHandKernels emulated;
+    const Attrs attrs{{"amsgrad", false}, {"maximize", false}, {"count", n}};
+    CHECK(cuda::adamw_update_multi_tensor(in, {role(0), role(2), role(3), {}}, attrs, cuda::AdamWFactorsOn::device)
+              .empty());
+  }
+  CHECK(EmulatedHandKernels::launches() - before == 2);  // the second group's factors and update
+  for (int64_t k = cuda::kAdamGroup; k < n; ++k) {
+    INFO("parameter " << k);
+    const auto i = static_cast<size_t>(k);
+    CHECK_SAME_BITS(role(0)[i], expected[i].param);
+    CHECK_SAME_BITS(role(2)[i], expected[i].exp_avg);
+    CHECK_SAME_BITS(role(3)[i], expected[i].exp_avg_sq);
   }
 }
 

@@ -215,6 +215,88 @@ TEST_CASE("The fused AdamW step equals the per-tensor reference", "[optim]") {
   }
 }
 
+// Capturable only moves where the step counts live and where the factors are computed
+// (kernels/cuda/optim.h); on the CPU both are the CPU, so every number must be the default's
+// bit for bit: the same ops, in the same order, on the same values. The steps change lr
+// (written into the tensors, as a schedule does) and skip on found_inf, so a count bumped
+// when it should not be, or a factor read from a stale lr, shows.
+TEST_CASE("Capturable AdamW equals the default bit for bit, through lr changes and skipped steps", "[optim][amp]") {
+  for (const bool amsgrad : {false, true}) {
+    for (const bool maximize : {false, true}) {
+      INFO("amsgrad " << amsgrad << " maximize " << maximize);
+      manual_seed(31);
+      const std::vector<Tensor> params = make_params(DType::f32);
+      std::vector<Tensor> copies;
+      for (const Tensor& p : params) copies.push_back(p.detach().clone().requires_grad_());
+      const optim::AdamWOptions options{.lr = 0.01, .weight_decay = 0.05, .amsgrad = amsgrad, .maximize = maximize};
+      optim::AdamW plain(params, options);
+      optim::AdamWOptions capturable_options = options;
+      capturable_options.capturable = true;
+      optim::AdamW capturable(copies, capturable_options);
+      REQUIRE(capturable.capturable());
+      for (int s = 0; s < 6; ++s) {
+        for (size_t k = 0; k < params.size(); ++k) {
+          const Tensor g = grad_for(params[k], static_cast<int>(k), s);
+          params[k].set_grad(g.clone());
+          copies[k].set_grad(g.clone());
+        }
+        plain.param_groups()[0].set_lr(0.01 * (s + 1));
+        capturable.param_groups()[0].set_lr(0.01 * (s + 1));
+        const Tensor found_inf = full({}, s == 1 || s == 4 ? 1.0f : 0.0f, {.dtype = DType::f32});
+        plain.step(found_inf);
+        capturable.step(found_inf);
+        for (size_t k = 0; k < params.size(); ++k) {
+          INFO("step " << s << " parameter " << k);
+          REQUIRE(values(copies[k]) == values(params[k]));
+          for (const char* name : {"exp_avg", "exp_avg_sq"})
+            REQUIRE(values(capturable.state(copies[k]).at(name)) == values(plain.state(params[k]).at(name)));
+        }
+      }
+      for (const Tensor& p : copies) {
+        const Tensor& step = capturable.state(p).at("step");
+        CHECK(step.dim() == 0);
+        CHECK(step.dtype() == DType::f64);
+        CHECK(step.device() == p.device());
+        CHECK(step.item<double>() == 4.0);  // 6 steps, 2 skipped
+      }
+    }
+  }
+}
+
+// A checkpoint from either kind loads into the other and continues as the saving one would:
+// the step counts go where the loading optimizer keeps them.
+TEST_CASE("AdamW state dicts load across capturable and default", "[optim]") {
+  for (const bool from_capturable : {false, true}) {
+    INFO("saved by a " << (from_capturable ? "capturable" : "default") << " AdamW");
+    manual_seed(32);
+    const std::vector<Tensor> params = make_params(DType::f64);
+    optim::AdamW first(params, {.lr = 0.1, .amsgrad = true, .capturable = from_capturable});
+    for (int s = 0; s < 2; ++s) {
+      for (size_t k = 0; k < params.size(); ++k) params[k].set_grad(grad_for(params[k], static_cast<int>(k), s));
+      first.step();
+    }
+    const auto dict = first.state_dict();
+    CHECK_FALSE(dict.contains("param_groups.0.capturable"));  // the optimizer's choice, not the dict's
+    std::vector<Tensor> copies;
+    for (const auto& p : params) copies.push_back(p.detach().clone().requires_grad_());
+    optim::AdamW second(copies, {.lr = 0.1, .amsgrad = true, .capturable = !from_capturable});
+    second.load_state_dict(dict);
+    for (const Tensor& p : copies) {
+      CHECK(second.state(p).at("step").item<double>() == 2.0);
+      CHECK(second.state(p).at("step").device() == (from_capturable ? Device::cpu() : p.device()));
+    }
+    for (int s = 2; s < 4; ++s) {
+      for (size_t k = 0; k < params.size(); ++k) {
+        params[k].set_grad(grad_for(params[k], static_cast<int>(k), s));
+        copies[k].set_grad(grad_for(params[k], static_cast<int>(k), s));
+      }
+      first.step();
+      second.step();
+      for (size_t k = 0; k < params.size(); ++k) require_values(copies[k], values(params[k]), 0.0);
+    }
+  }
+}
+
 TEST_CASE("Parameters without a gradient are skipped", "[optim]") {
   Tensor a = param_of({1.0, 2.0}), b = param_of({3.0});
   optim::AdamW adam({a, b}, {.lr = 0.1});

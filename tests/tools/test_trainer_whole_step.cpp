@@ -118,6 +118,13 @@ void check_same_steps(const Steps& whole, const Steps& eager) {
   CHECK(whole.recompiles == 0);
 }
 
+// Every step's loss of a compiled run within `epsilon` (relative) of the eager run's.
+void check_step_losses(const train::Result& compiled, const train::Result& eager, double epsilon) {
+  REQUIRE(compiled.step_losses.size() == eager.step_losses.size());
+  for (size_t i = 0; i < eager.step_losses.size(); ++i)
+    CHECK(compiled.step_losses[i] == Approx(eager.step_losses[i]).epsilon(epsilon));
+}
+
 std::string run_printing(const train::Config& c, train::Result& result) {
   std::ostringstream out;
   train::Config loud = c;
@@ -147,14 +154,18 @@ TEST_CASE("whole step: per-token targets with masks give the eager step's losses
 
 TEST_CASE("whole step: a class per sample gives the eager step's losses and weights in f64, SGD and AdamW",
           "[trainer][whole_step]") {
-  for (const bool adamw : {false, true}) {
-    INFO((adamw ? "adamw" : "sgd"));
+  // AdamW capturable too (kiln-train's on a GPU): its step counts are state the graph bumps.
+  for (const char* which : {"sgd", "adamw", "adamw capturable"}) {
+    INFO(which);
+    const std::string name = which;
     auto steps = [&](bool whole) {
       manual_seed(6);
       models::MLP model({16, 8, 4});
       model.to(DType::f64);
       std::unique_ptr<optim::Optimizer> optimizer;
-      if (adamw) optimizer = std::make_unique<optim::AdamW>(model.parameters(), optim::AdamWOptions{.lr = 0.5});
+      if (name != "sgd")
+        optimizer = std::make_unique<optim::AdamW>(
+            model.parameters(), optim::AdamWOptions{.lr = 0.5, .capturable = name == "adamw capturable"});
       else optimizer = std::make_unique<optim::SGD>(model.parameters(), optim::SGDOptions{.lr = 0.5, .momentum = 0.9});
       return four_steps(model, *optimizer, image_batch, whole);
     };
@@ -170,19 +181,29 @@ TEST_CASE("whole step: the loss scaler skips an overflowing step and clipping ho
   // the update is skipped (parameters and momentum as they were: a graph that stepped would
   // carry NaN into every weight) and the scale backs off; clipping at 0.5 binds on the
   // other steps. All of it read on the device at each replay, not decided at the trace.
-  auto steps = [&](bool whole) {
-    manual_seed(6);
-    models::MLP model({16, 8, 4});
-    model.to(DType::f64);
-    optim::SGD sgd(model.parameters(), {.lr = 0.5, .momentum = 0.9});
-    optim::GradScaler scaler;
-    Steps out = four_steps(model, sgd, image_batch_overflowing, whole, {.scaler = &scaler, .clip_grad_norm = 0.5});
-    CHECK(scaler.get_scale() == 32768.0);  // backed off once, from 2^16
-    return out;
-  };
-  const Steps eager = steps(false), whole = steps(true);
-  CHECK_FALSE(std::isfinite(eager.stats[2].loss));
-  check_same_steps(whole, eager);
+  // Capturable AdamW: the skipped step leaves its step counts too, bumped by 1 - found_inf
+  // in the graph.
+  for (const bool adamw : {false, true}) {
+    INFO((adamw ? "adamw capturable" : "sgd"));
+    auto steps = [&](bool whole) {
+      manual_seed(6);
+      models::MLP model({16, 8, 4});
+      model.to(DType::f64);
+      std::unique_ptr<optim::Optimizer> optimizer;
+      if (adamw) optimizer = std::make_unique<optim::AdamW>(model.parameters(), optim::AdamWOptions{.lr = 0.5, .capturable = true});
+      else optimizer = std::make_unique<optim::SGD>(model.parameters(), optim::SGDOptions{.lr = 0.5, .momentum = 0.9});
+      optim::GradScaler scaler;
+      Steps out =
+          four_steps(model, *optimizer, image_batch_overflowing, whole, {.scaler = &scaler, .clip_grad_norm = 0.5});
+      CHECK(scaler.get_scale() == 32768.0);  // backed off once, from 2^16
+      if (adamw)
+        for (const Tensor& p : model.parameters()) CHECK(optimizer->state(p).at("step").item<double>() == 3.0);
+      return out;
+    };
+    const Steps eager = steps(false), whole = steps(true);
+    CHECK_FALSE(std::isfinite(eager.stats[2].loss));
+    check_same_steps(whole, eager);
+  }
 }
 
 TEST_CASE("whole step: kiln-train --compile-whole-step trains like eager", "[trainer][whole_step]") {
@@ -212,9 +233,7 @@ TEST_CASE("whole step: kiln-train --compile-whole-step trains like eager", "[tra
     // The first step eager (the optimizer's state), then one graph for the 9 steps of one
     // batch shape: the schedule's lr is no reason to trace again, nothing breaks the graph.
     CHECK_THAT(printed, Contains("compiled: 1 training graphs of the whole step (0 recompiles), "));
-    REQUIRE(whole.step_losses.size() == eager.step_losses.size());
-    for (size_t i = 0; i < eager.step_losses.size(); ++i)
-      CHECK(whole.step_losses[i] == Approx(eager.step_losses[i]).epsilon(kSmallCnnSums));
+    check_step_losses(whole, eager, kSmallCnnSums);
     CHECK(relative_difference(whole.model, eager.model) <= kSmallCnnSums);
     REQUIRE(whole.epochs.size() == eager.epochs.size());
     for (size_t e = 0; e < eager.epochs.size(); ++e) {
@@ -233,9 +252,7 @@ TEST_CASE("whole step: kiln-train --compile-whole-step trains the transformers l
   c.compile_whole_step = true;
   train::Result whole;
   CHECK_THAT(run_printing(c, whole), Contains("compiled: 1 training graphs of the whole step (0 recompiles), "));
-  REQUIRE(whole.step_losses.size() == eager.step_losses.size());
-  for (size_t i = 0; i < eager.step_losses.size(); ++i)
-    CHECK(whole.step_losses[i] == Approx(eager.step_losses[i]).epsilon(summation_bound(512)));
+  check_step_losses(whole, eager, summation_bound(512));
   CHECK(relative_difference(whole.model, eager.model) <= summation_bound(512));
 }
 
@@ -248,15 +265,16 @@ TEST_CASE("whole step: which step graph kiln-train compiles, and why", "[trainer
   c.compile_mode = "reduce-overhead";
   CHECK_FALSE(train::choose_step_graph(c, 1).whole);  // no CUDA graphs on the CPU
   c.device = "cuda";
-  for (const char* mode : {"reduce-overhead", "max-autotune"}) {
-    c.compile_mode = mode;
-    CHECK(train::choose_step_graph(c, 1).whole);
-    CHECK_THAT(train::choose_step_graph(c, 1).why, Contains("one CUDA graph replay per optimizer step"));
+  // Both optimizers: AdamW's update, capturable, reads nothing on the host either.
+  for (const char* optimizer : {"sgd", "adamw"}) {
+    c.optimizer = optimizer;
+    for (const char* mode : {"reduce-overhead", "max-autotune"}) {
+      c.compile_mode = mode;
+      CHECK(train::choose_step_graph(c, 1).whole);
+      CHECK_THAT(train::choose_step_graph(c, 1).why, Contains("one CUDA graph replay per optimizer step") &&
+                                                          Contains("the " + std::string(optimizer) + " update"));
+    }
   }
-  // AdamW's CUDA update reads its numbers on the host: no graph could be captured.
-  c.optimizer = "adamw";
-  CHECK_FALSE(train::choose_step_graph(c, 1).whole);
-  CHECK_THAT(train::choose_step_graph(c, 1).why, Contains("could not be captured"));
   c.optimizer = "sgd";
   // Data parallel keeps the micro-steps (the all-reduce is eager hooks), forced or not.
   CHECK_FALSE(train::choose_step_graph(c, 2).whole);
@@ -278,26 +296,30 @@ TEST_CASE("whole step: --compile-whole-step is parsed and needs --compile", "[tr
 
 TEST_CASE("whole step: on a GPU, reduce-overhead replays one captured graph per optimizer step",
           "[trainer][whole_step][cuda]") {
-  // Needs a GPU (none has run it yet). The whole step with SGD's hyperparameters on the
-  // device: captured once (after its warm-up run), replayed for every later step, and the
-  // cosine schedule's lr reaching every replay: the losses follow the eager GPU run's as
-  // the micro-step runs do in test_trainer.cpp (cuDNN's and cuBLAS's orders of sums).
-  train::Config c = small_cnn();
-  c.device = "cuda";
-  if (!cuda::is_available()) {
-    REQUIRE_THROWS_WITH(run(c), Contains("--device cuda: CUDA is not available"));
-    return;
+  // Needs a GPU (none has run it yet). The whole step with the optimizer's hyperparameters
+  // (and AdamW's step counts, capturable) on the device: captured once (after its warm-up
+  // run), replayed for every later step, and the cosine schedule's lr reaching every
+  // replay: the losses follow the eager GPU run's as the micro-step runs do in
+  // test_trainer.cpp (cuDNN's and cuBLAS's orders of sums).
+  for (const char* optimizer : {"sgd", "adamw"}) {
+    INFO(optimizer);
+    train::Config c = small_cnn();
+    c.device = "cuda";
+    c.optimizer = optimizer;
+    if (c.optimizer == "adamw") c.lr = 1e-3;
+    if (!cuda::is_available()) {
+      REQUIRE_THROWS_WITH(run(c), Contains("--device cuda: CUDA is not available"));
+      return;
+    }
+    const train::Result eager = run(c);
+    c.compile = true;
+    c.compile_mode = "reduce-overhead";
+    train::Result graphed;
+    const std::string printed = run_printing(c, graphed);
+    CHECK_THAT(printed, Contains("compiled step: the whole step as one graph"));
+    // 10 steps: the first eager, the second traces and runs the program (warm-up), the third
+    // captures, seven replays.
+    CHECK_THAT(printed, Contains("CUDA graphs: 1 captured, 7 replays"));
+    check_step_losses(graphed, eager, 1e-2);
   }
-  const train::Result eager = run(c);
-  c.compile = true;
-  c.compile_mode = "reduce-overhead";
-  train::Result graphed;
-  const std::string printed = run_printing(c, graphed);
-  CHECK_THAT(printed, Contains("compiled step: the whole step as one graph"));
-  // 10 steps: the first eager, the second traces and runs the program (warm-up), the third
-  // captures, seven replays.
-  CHECK_THAT(printed, Contains("CUDA graphs: 1 captured, 7 replays"));
-  REQUIRE(graphed.step_losses.size() == eager.step_losses.size());
-  for (size_t i = 0; i < eager.step_losses.size(); ++i)
-    CHECK(graphed.step_losses[i] == Approx(eager.step_losses[i]).epsilon(1e-2));
 }
