@@ -251,6 +251,18 @@ std::vector<bool> outputs_to_copy(const Graph& traced, const Graph& optimized) {
 
 // The generated program of a traced graph (null with the interpreter backend), writing the
 // dumps of each stage when `dump_dir` is set; `copy` gets outputs_to_copy.
+// Where a CUDA-target rewrite applies (BatchNormSplit, GemmActivations: cuda, always or
+// never), as the environment's variable `name` overrides `where`.
+template <class Where>
+Where where_from_env(const char* name, Where where) {
+  const char* env = std::getenv(name);
+  if (!env || !*env) return where;
+  const std::string v = env;
+  KILN_CHECK(v == "cuda" || v == "always" || v == "never", "kiln::compile: {} must be cuda, always or never, got '{}'",
+             name, v);
+  return v == "always" ? Where::always : v == "never" ? Where::never : Where::cuda;
+}
+
 // Whether the mode replays CUDA graphs (reduce-overhead and max-autotune).
 bool graphs_mode(const CompileOptions& options) {
   return options.mode == "reduce-overhead" || options.mode == "max-autotune";
@@ -262,26 +274,14 @@ std::shared_ptr<Program> build_program(const Graph& traced, const CompileOptions
   if (dump) dump_file(options.dump_dir, number, "trace.ir", print(traced));
   if (options.backend == "interpreter") return nullptr;
   std::vector<PassRecord> records;
-  BatchNormSplit split = options.batch_norm_split;
-  if (const char* env = std::getenv("KILN_BATCH_NORM_SPLIT"); env && *env) {
-    const std::string v = env;
-    KILN_CHECK(v == "cuda" || v == "always" || v == "never",
-               "kiln::compile: KILN_BATCH_NORM_SPLIT must be cuda, always or never, got '{}'", v);
-    split = v == "always" ? BatchNormSplit::always : v == "never" ? BatchNormSplit::never : BatchNormSplit::cuda;
-  }
+  const BatchNormSplit split = where_from_env("KILN_BATCH_NORM_SPLIT", options.batch_norm_split);
   bool linear_cross_entropy = options.linear_cross_entropy;
   if (const char* env = std::getenv("KILN_LINEAR_CROSS_ENTROPY"); env && *env) {
     const std::string v = env;
     KILN_CHECK(v == "0" || v == "1", "kiln::compile: KILN_LINEAR_CROSS_ENTROPY must be 0 or 1, got '{}'", v);
     linear_cross_entropy = v == "1";
   }
-  GemmActivations activations = options.gemm_activations;
-  if (const char* env = std::getenv("KILN_GEMM_ACTIVATIONS"); env && *env) {
-    const std::string v = env;
-    KILN_CHECK(v == "cuda" || v == "always" || v == "never",
-               "kiln::compile: KILN_GEMM_ACTIVATIONS must be cuda, always or never, got '{}'", v);
-    activations = v == "always" ? GemmActivations::always : v == "never" ? GemmActivations::never : GemmActivations::cuda;
-  }
+  const GemmActivations activations = where_from_env("KILN_GEMM_ACTIVATIONS", options.gemm_activations);
   Graph optimized = run_pipeline(
       traced,
       // On CUDA the head's op reads the target back, which a captured CUDA graph cannot hold.

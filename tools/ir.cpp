@@ -273,6 +273,15 @@ int model_stages(const ModelOptions& o) {
   return 0;
 }
 
+// Where a CUDA-target rewrite applies, from an option's value: cuda, always or never.
+template <class Where>
+Where where(const std::string& option, const std::string& v) {
+  if (v == "cuda") return Where::cuda;
+  if (v == "always") return Where::always;
+  if (v == "never") return Where::never;
+  fail("kiln-ir: {} {}: expected cuda, always or never", option, v);
+}
+
 ModelOptions parse_model_options(int argc, char** argv) {
   ModelOptions o;
   o.arch = argv[1];
@@ -309,20 +318,8 @@ ModelOptions parse_model_options(int argc, char** argv) {
       else if (v == "channels_last" || v == "channels-last") o.layout = compiler::LayoutPolicy::channels_last;
       else fail("kiln-ir: --layout {}: expected auto, keep or channels_last", v);
     }
-    else if (option == "--batch-norm-split") {
-      const std::string v = value();
-      if (v == "cuda") o.batch_norm_split = compiler::BatchNormSplit::cuda;
-      else if (v == "always") o.batch_norm_split = compiler::BatchNormSplit::always;
-      else if (v == "never") o.batch_norm_split = compiler::BatchNormSplit::never;
-      else fail("kiln-ir: --batch-norm-split {}: expected cuda, always or never", v);
-    }
-    else if (option == "--gemm-activations") {
-      const std::string v = value();
-      if (v == "cuda") o.gemm_activations = compiler::GemmActivations::cuda;
-      else if (v == "always") o.gemm_activations = compiler::GemmActivations::always;
-      else if (v == "never") o.gemm_activations = compiler::GemmActivations::never;
-      else fail("kiln-ir: --gemm-activations {}: expected cuda, always or never", v);
-    }
+    else if (option == "--batch-norm-split") o.batch_norm_split = where<compiler::BatchNormSplit>(option, value());
+    else if (option == "--gemm-activations") o.gemm_activations = where<compiler::GemmActivations>(option, value());
     else if (option == "--amp") {
       const std::string v = value();
       if (v == "bf16") o.amp = DType::bf16;

@@ -17,6 +17,7 @@
 #include "compiler_testing.h"
 #include "core/autocast.h"
 #include "models/gpt2.h"
+#include "transformer_testing.h"
 #include "testing.h"
 
 using namespace kiln;
@@ -36,38 +37,22 @@ Graph optimized(const CompiledFunction& f, GemmActivations where) {
 }
 
 // compare_steps on f64 models with the pass on the CPU, every output and parameter within
-// kRtol of the largest magnitude of its eager twin.
+// kRtol (transformer_testing.h).
 template <class Model>
 CompiledFunction check_step_close(const std::function<Model()>& make,
                                   const std::function<Args(Model&, const Args&)>& outputs_of, const Args& args) {
-  const std::function<Model()> make_f64 = [make] {
-    Model m = make();
-    m.to(DType::f64);
-    return m;
-  };
-  const auto close = [](const Tensor& got, const Tensor& want) {
-    const double scale = std::max(1e-2, amax(abs(want.to(DType::f64))).item<double>());
-    return testing::allclose(got, want, 0, kRtol * scale);
-  };
-  return testing::compare_steps<Model>(make_f64, outputs_of, args, {.gemm_activations = GemmActivations::always},
-                                       close);
+  return testing::check_step_close(make, outputs_of, args, kRtol, {.gemm_activations = GemmActivations::always});
 }
 
 }  // namespace
 
 TEST_CASE("gemm_activations: a GPT-2 step runs each MLP's GELU and its backward in the products",
           "[gemm_activations][gpt2]") {
-  models::GPT2Config c = models::GPT2Config::tiny(/*vocab_size=*/60);
-  c.n_embd = 32;
-  c.n_head = 4;
+  models::GPT2Config c = testing::small_gpt2();
   c.n_layer = 2;
-  c.n_positions = 16;
   Generator gen(61);
   const Tensor ids = randint(0, 60, {3, 13}, {}, &gen);
-  std::function<models::GPT2LMHeadModel()> make = [c] {
-    manual_seed(62);
-    return models::GPT2LMHeadModel(c);
-  };
+  const std::function<models::GPT2LMHeadModel()> make = testing::make_gpt2(c, 62);
   std::function<Args(models::GPT2LMHeadModel&, const Args&)> step = [](models::GPT2LMHeadModel& m, const Args& a) {
     return Args{models::causal_lm_loss(m.forward(a[0]), a[0])};
   };

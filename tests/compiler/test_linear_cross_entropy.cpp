@@ -14,6 +14,7 @@
 #include "compiler_testing.h"
 #include "models/bert.h"
 #include "models/gpt2.h"
+#include "transformer_testing.h"
 #include "testing.h"
 
 using namespace kiln;
@@ -31,24 +32,11 @@ Graph optimized(const CompiledFunction& f, bool fuse = true) {
                       nullptr, false);
 }
 
-// compare_steps on f64 models (built by `make`, then converted), every output and
-// parameter within kRtol of the largest magnitude of its eager twin.
+// compare_steps on f64 models, every output and parameter within kRtol (transformer_testing.h).
 template <class Model>
 CompiledFunction check_step_close(const std::function<Model()>& make,
                                   const std::function<Args(Model&, const Args&)>& outputs_of, const Args& args) {
-  const std::function<Model()> make_f64 = [make] {
-    Model m = make();
-    m.to(DType::f64);
-    return m;
-  };
-  // Relative to the tensor's largest magnitude, and to at least 1e-2: the attention's key
-  // bias gets a gradient that is zero but for rounding (softmax ignores a shift common to a
-  // row's scores), so its values after a step are rounding noise on both sides.
-  const auto close = [](const Tensor& got, const Tensor& want) {
-    const double scale = std::max(1e-2, amax(abs(want.to(DType::f64))).item<double>());
-    return testing::allclose(got, want, 0, kRtol * scale);
-  };
-  return testing::compare_steps<Model>(make_f64, outputs_of, args, {}, close);
+  return testing::check_step_close(make, outputs_of, args, kRtol);
 }
 
 models::BertConfig small_bert() {
@@ -92,16 +80,9 @@ TEST_CASE("linear_cross_entropy: a BERT masked-LM step with its accuracy count f
 }
 
 TEST_CASE("linear_cross_entropy: a GPT-2 step fuses its tied head and shifted loss", "[linear_cross_entropy][gpt2]") {
-  models::GPT2Config c = models::GPT2Config::tiny(/*vocab_size=*/60);
-  c.n_embd = 32;
-  c.n_head = 4;
-  c.n_positions = 16;
   Generator gen(53);
   const Tensor ids = randint(0, 60, {3, 13}, {}, &gen);
-  std::function<models::GPT2LMHeadModel()> make = [c] {
-    manual_seed(54);
-    return models::GPT2LMHeadModel(c);
-  };
+  const std::function<models::GPT2LMHeadModel()> make = testing::make_gpt2(testing::small_gpt2(), 54);
   std::function<Args(models::GPT2LMHeadModel&, const Args&)> step = [](models::GPT2LMHeadModel& m, const Args& a) {
     return Args{models::causal_lm_loss(m.forward(a[0]), a[0])};
   };

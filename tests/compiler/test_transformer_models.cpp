@@ -13,6 +13,7 @@
 #include "models/bert.h"
 #include "models/gpt2.h"
 #include "optim/sgd.h"
+#include "transformer_testing.h"
 #include "testing.h"
 
 using namespace kiln;
@@ -77,16 +78,9 @@ TEST_CASE("transformers: a BERT classification training step compiles as eager",
 }
 
 TEST_CASE("transformers: a GPT-2 training step compiles as eager", "[gpt2][equiv]") {
-  models::GPT2Config c = models::GPT2Config::tiny(/*vocab_size=*/60);
-  c.n_embd = 32;
-  c.n_head = 4;
-  c.n_positions = 16;
   Generator gen(35);
   const Tensor ids = randint(0, 60, {3, 13}, {}, &gen);
-  std::function<models::GPT2LMHeadModel()> make = [c] {
-    manual_seed(36);
-    return models::GPT2LMHeadModel(c);
-  };
+  const std::function<models::GPT2LMHeadModel()> make = testing::make_gpt2(testing::small_gpt2(), 36);
   std::function<Tensor(models::GPT2LMHeadModel&, const Args&)> loss = [](models::GPT2LMHeadModel& m,
                                                                          const Args& a) {
     return models::causal_lm_loss(m.forward(a[0]), a[0]);
