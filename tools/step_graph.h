@@ -32,8 +32,9 @@ struct StepGraphOptions {
   // Likewise a Linear's activation in cuBLASLt's epilogue (gemm_activations): `always` by
   // default, `cuda` for the CPU's schedule (kiln-ir --gemm-activations cuda).
   compiler::GemmActivations gemm_activations = compiler::GemmActivations::always;
-  // (A language model's head and loss stay the chain of ops: linear_cross_entropy, which
-  // kiln::compile makes on the CPU, has no CUDA kernel.)
+  // (A language model's head and loss stay the chain of ops, as kiln::compile leaves them
+  // in a step captured as a CUDA graph: the fused op's work depends on how many targets
+  // count, which a plan cannot know.)
 };
 
 struct StepGraph {
