@@ -58,10 +58,10 @@ Tensor zeros_on(const Shape& shape, DType dtype, Device device) { return zeros(s
 void linear_cross_entropy_composed(std::span<const Tensor> in, std::span<const Tensor> out, const Attrs& attrs) {
   NoGradGuard no_grad;
   const Tensor &x = in[0], &w = in[1], &b = in[2], &target = in[3];
-  const int64_t m = x.size(0), v = w.size(0);
+  const int64_t v = w.size(0);
   const Counted c = counted(target, x, v, attrs.i("ignore_index"), "linear_cross_entropy");
   const bool mean = attrs.str("reduction") == "mean";
-  Tensor(out[2]).copy_(zeros_on({m}, DType::f64, x.device()));
+  Tensor(out[2]).zero_();
   if (c.count == 0 || v == 0) {
     Tensor(out[0]).fill_(mean && c.count == 0 ? std::numeric_limits<double>::quiet_NaN() : 0.0);
     Tensor(out[1]).fill_(0);

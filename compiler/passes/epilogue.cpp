@@ -144,21 +144,21 @@ struct BiasedProduct {
   Value x, w, b;
   int64_t m = 0, k = 0, n = 0;
 };
+// An add or addmm node (op, inputs, attrs) of type t whose inputs are values of g: a node of
+// g, or a rule's candidate about to enter it.
 template <class SoleReader>
-std::optional<BiasedProduct> biased_product(const Graph& g, Value pre, SoleReader sole) {
-  const Node& node = g.node(pre);
-  if (node.kind != NodeKind::op) return std::nullopt;
-  const TensorType& t = g.type(pre);
+std::optional<BiasedProduct> biased_product(const Graph& g, const std::string& op, const std::vector<Value>& inputs,
+                                            const Attrs& attrs, const TensorType& t, SoleReader sole) {
   BiasedProduct p;
-  if (node.op == "addmm" && node.inputs.size() == 3) {
-    if (!scales_by_one(node.attrs, "beta") || !scales_by_one(node.attrs, "alpha")) return std::nullopt;
-    p.b = node.inputs[0], p.x = node.inputs[1], p.w = node.inputs[2];
-  } else if (node.op == "add" && node.inputs.size() == 2 && scales_by_one(node.attrs, "alpha")) {
-    const int side = is_product(g.node(node.inputs[0])) ? 0 : is_product(g.node(node.inputs[1])) ? 1 : -1;
-    if (side < 0 || g.type(node.inputs[static_cast<size_t>(side)]) != t || !sole(node.inputs[static_cast<size_t>(side)]))
+  if (op == "addmm" && inputs.size() == 3) {
+    if (!scales_by_one(attrs, "beta") || !scales_by_one(attrs, "alpha")) return std::nullopt;
+    p.b = inputs[0], p.x = inputs[1], p.w = inputs[2];
+  } else if (op == "add" && inputs.size() == 2 && scales_by_one(attrs, "alpha")) {
+    const int side = is_product(g.node(inputs[0])) ? 0 : is_product(g.node(inputs[1])) ? 1 : -1;
+    if (side < 0 || g.type(inputs[static_cast<size_t>(side)]) != t || !sole(inputs[static_cast<size_t>(side)]))
       return std::nullopt;
-    const Node& product = g.node(node.inputs[static_cast<size_t>(side)]);
-    p.x = product.inputs.at(0), p.w = product.inputs.at(1), p.b = node.inputs[static_cast<size_t>(1 - side)];
+    const Node& product = g.node(inputs[static_cast<size_t>(side)]);
+    p.x = product.inputs.at(0), p.w = product.inputs.at(1), p.b = inputs[static_cast<size_t>(1 - side)];
   } else {
     return std::nullopt;
   }
@@ -171,6 +171,13 @@ std::optional<BiasedProduct> biased_product(const Graph& g, Value pre, SoleReade
   p.k = w.shape[0], p.n = w.shape[1], p.m = numel_of(x.shape) / std::max<int64_t>(p.k, 1);
   if (x.shape.back() != p.k || numel_of(t.shape) != p.m * p.n || t.shape.back() != p.n) return std::nullopt;
   return p;
+}
+// The value `pre` of g as a biased product.
+template <class SoleReader>
+std::optional<BiasedProduct> biased_product(const Graph& g, Value pre, SoleReader sole) {
+  const Node& node = g.node(pre);
+  if (node.kind != NodeKind::op) return std::nullopt;
+  return biased_product(g, node.op, node.inputs, node.attrs, g.type(pre), sole);
 }
 
 // The value under a chain of reshapes (view ops) of v.
@@ -257,17 +264,10 @@ const auto any_reader = [](Value) { return true; };
 Replacement gelu_pre(Rewriter& rw, const Candidate& c, const ActivationSites& sites) {
   if (c.old_number < 0 || !sites.gelu_pre(c.old_number)) return std::nullopt;
   // The candidate is not in the graph yet: its operands are.
-  BiasedProduct p;
-  if (c.op() == "addmm") {
-    p.b = c.inputs[0], p.x = c.inputs[1], p.w = c.inputs[2];
-  } else {
-    const size_t side = is_product(rw.producer(c.inputs[0])) ? 0 : 1;
-    const Node& product = rw.producer(c.inputs[side]);
-    p.x = product.inputs.at(0), p.w = product.inputs.at(1), p.b = c.inputs[1 - side];
-  }
-  p.k = rw.type(p.w).shape[0], p.n = rw.type(p.w).shape[1];
-  p.m = numel_of(c.outputs[0].shape) / std::max<int64_t>(p.n, 1);
-  const Values r = activation_op(rw, p, "gelu_tanh", c.source);
+  const std::optional<BiasedProduct> p =
+      biased_product(rw.graph(), c.op(), c.inputs, c.attrs, c.outputs[0], any_reader);
+  if (!p) return std::nullopt;
+  const Values r = activation_op(rw, *p, "gelu_tanh", c.source);
   return Values{reshaped(rw, r[1], c.outputs[0].shape)};
 }
 
@@ -307,13 +307,14 @@ Replacement gelu_bias_grad(Rewriter& rw, const Candidate& c) {
   const Value in = under_views(rw.graph(), c.inputs[0]);
   if (rw.producer(in).op != "mm_gelu_backward" || in.output != 0) return std::nullopt;
   const Shape& shape = rw.type(c.inputs[0]).shape;
+  if (shape.empty()) return std::nullopt;
   std::vector<int64_t> dims = c.attrs.ints("dims");
   for (int64_t& d : dims)
     if (d < 0) d += static_cast<int64_t>(shape.size());
   std::sort(dims.begin(), dims.end());
   std::vector<int64_t> all_but_last(shape.size() - 1);
   std::iota(all_but_last.begin(), all_but_last.end(), 0);
-  if (shape.empty() || dims != all_but_last || shape.back() != rw.type(in).shape[1]) return std::nullopt;
+  if (dims != all_but_last || shape.back() != rw.type(in).shape[1]) return std::nullopt;
   return Values{reshaped(rw, Value{in.node, 1}, c.outputs[0].shape)};
 }
 
